@@ -1,0 +1,47 @@
+# npuops: thin targets, each one script. `make demo` and `make test` are the two that matter.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+NODES ?= 4
+PROFILE ?= a3
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PYTHONPATH := $(CURDIR)/sim
+
+.PHONY: setup demo test lint unit sanity sim-tests bench sim-up sim-down sim-fault sim-status
+
+setup:
+	@tools/setup.sh
+
+demo: setup
+	@tools/demo.sh
+
+test: setup
+	@tools/test.sh
+
+lint: setup
+	@tools/test.sh lint
+
+unit: setup
+	@tools/test.sh unit
+
+sanity: setup
+	@tools/test.sh sanity
+
+sim-tests: setup
+	@tools/test.sh sim
+
+bench: setup
+	@tools/bench.sh
+
+sim-up: setup
+	@$(PY) -m npuops_sim up --nodes $(NODES) --profile $(PROFILE) --inventory inventories/sim/hosts.yml \
+	  $(foreach f,$(FAULTS),--fault $(f))
+
+sim-down: setup
+	@$(PY) -m npuops_sim down
+
+sim-fault: setup
+	@$(PY) -m npuops_sim fault --node "$(NODE)" --fault "$(FAULT)" --device "$(DEVICE)" --peer "$(PEER)" --port "$(PORT)"
+
+sim-status: setup
+	@$(PY) -m npuops_sim status

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# make test: everything CI runs, in the order that fails fastest. `tools/test.sh <stage>...` runs some.
+#   lint    yamllint, ansible-lint (production profile, offline), ruff
+#   unit    pytest: collection module_utils/filters, simulator logic (no root, no network)
+#   sanity  ansible-test sanity + units from the collection directory (offline get-pip stand-in)
+#   sim     pytest -m sim: the simulated cluster itself (root: namespaces, sshd, podman)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export ANSIBLE_CONFIG="$PWD/ansible.cfg" PYTHONPATH="$PWD/sim" PATH="$PWD/.venv/bin:$PATH"
+COLLECTION=collections/ansible_collections/npuops/ascend
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(lint unit sanity sim)
+
+timed() {
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "=== $name"
+  "$@"
+  echo "=== $name: ok in $((SECONDS - t0))s"
+}
+
+lint() {
+  yamllint -s .
+  ansible-lint -q
+  ruff check sim tools bench tests "$COLLECTION/plugins" "$COLLECTION/tests"
+}
+
+unit() {
+  pytest -q -m "not sim"
+}
+
+sanity() {
+  local pip_version
+  pip_version=$(python - <<'PY'
+import re, ansible_test, pathlib
+text = (pathlib.Path(ansible_test.__file__).parent / "_internal/python_requirements.py").read_text()
+print(re.search(r"pip='([0-9.]+)'", text).group(1))
+PY
+)
+  mkdir -p ~/.ansible/test/cache
+  cp tools/get_pip_offline.py ~/.ansible/test/cache/get_pip_"${pip_version//./_}".py
+  # ansible-test prints every pip step of its venvs: keep that in a log, show it only on failure
+  local log="$PWD/.venv/ansible-test.log"
+  run_logged "$log" bash -c "cd $COLLECTION && ansible-test sanity --venv --python 3.11 --color no"
+  grep -E '^(Running sanity test|WARNING: Skipping|ERROR)' "$log" | sed 's/^/  /' || true
+  if [ -n "$(find "$COLLECTION/tests/unit" -name 'test_*.py' -print -quit)" ]; then
+    run_logged "$log" bash -c "cd $COLLECTION && ansible-test units --venv --python 3.11 --color no"
+    grep -E '(passed|failed)' "$log" | tail -n 1 | sed 's/^/  units: /' || true
+  fi
+}
+
+run_logged() {
+  local log=$1; shift
+  if ! "$@" >"$log" 2>&1; then
+    grep -v -e "^WARNING: Location 'file:" -e '^Looking in' -e '^Collecting' -e '^  Downloading' \
+      -e '━━' "$log" | tail -n 150
+    echo "failed: $* (full log: $log)" >&2
+    return 1
+  fi
+}
+
+sim() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "the simulated-cluster tests need root (network and mount namespaces)" >&2
+    return 1
+  fi
+  pytest -q -m sim -p no:cacheprovider
+}
+
+for stage in "${stages[@]}"; do
+  timed "$stage" "$stage"
+done
+echo "make test: all stages passed (${stages[*]})"
