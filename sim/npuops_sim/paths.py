@@ -1,0 +1,41 @@
+"""Where the simulator keeps things on the machine (outside the repository)."""
+import os
+
+# Node-side paths: where a real Ascend host keeps these; the fake tools and the cluster agree on them.
+PROFILE_IN_NODE = "/usr/local/Ascend/driver/lib64/npuops_sim/profile.json"
+HCCN_TOOL_IN_NODE = "/usr/local/Ascend/driver/tools/hccn_tool"
+NPU_SMI_IN_NODE = "/usr/local/bin/npu-smi"
+MODELS_IN_NODE = "/srv/models"
+
+# podman on these machines: runc, no default ulimits (setting them fails in this sandbox), cgroupfs.
+CONTAINERS_CONF = """[containers]
+default_ulimits = []
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+"""
+
+
+def root():
+    return os.environ.get("SIM_ROOT", "/var/lib/npuops-sim")
+
+
+def cache_dir():
+    return os.environ.get("SIM_CACHE", "/var/cache/npuops-sim")
+
+
+def image_store():
+    return os.path.join(root(), "images")
+
+
+def image_storage_conf():
+    return os.path.join(root(), "images.storage.conf")
+
+
+def image_containers_conf():
+    return os.path.join(root(), "images.containers.conf")
+
+
+def cluster_dir(prefix):
+    return os.path.join(root(), "cluster-" + prefix)

@@ -1,0 +1,111 @@
+"""Up and down: sizes, timings, and that `down` leaves nothing behind."""
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from conftest import BIN, TEST_ENV, SimCluster, bring_up, run, sim
+
+pytestmark = pytest.mark.sim
+
+
+def snapshot():
+    """What a cluster could leave on the machine: namespaces, links, mounts, processes, dirs, cgroups."""
+    netns = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+    links = set(re.findall(r"^\d+: ([^:@]+)", subprocess.run(["ip", "-o", "link"], capture_output=True,
+                                                              text=True).stdout, re.M))
+    with open("/proc/self/mountinfo") as f:
+        mounts = {" ".join(line.split()[3:5]) for line in f}
+    procs = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "cluster-" + TEST_ENV["SIM_ID"] in cmd:
+                procs.add(cmd)
+    cgroups = {d for d in os.listdir("/sys/fs/cgroup") if os.path.isdir("/sys/fs/cgroup/%s/libpod_parent" % d)}
+    root = os.environ.get("SIM_ROOT", "/var/lib/npuops-sim")
+    dirs = set(os.listdir(root)) if os.path.isdir(root) else set()
+    return {"netns": netns, "links": links, "mounts": mounts, "procs": procs, "cgroups": cgroups, "dirs": dirs}
+
+
+def test_down_leaves_nothing_behind_and_is_safe_twice(tmp_path_factory):
+    sim("down")
+    before = snapshot()
+    c = bring_up(tmp_path_factory, 2)
+    state = c.state
+    # give it everything that could leak: a running container, a helper process, an ssh control master
+    c.ssh("node01", "podman run -d --name vllm --network host localhost/npuops-sim/vllm-ascend:v0.23.0-a3 "
+                    "sleep 600")
+    sim("fault", "--node", "2", "--fault", "port_busy", "--port", "8000")
+    run([BIN + "/ansible", "all", "-i", c.inventory, "-m", "ansible.builtin.ping"])
+    during = snapshot()
+    assert {n["netns"] for n in state["nodes"].values()} <= during["netns"] - before["netns"]
+    assert during["links"] - before["links"] >= {"npst-mgmt", "npst-fab", "npst-m01", "npst-f02"}
+    pids = [n["sshd_pid"] for n in state["nodes"].values()] + [h["pid"] for h in c.state["helpers"]]
+
+    out = sim("down").stdout
+    assert re.search(r"sim-down: done in [\d.]+s", out)
+    after = snapshot()
+    for key in before:
+        assert after[key] == before[key], "%s left behind: %s" % (key, after[key] ^ before[key])
+    assert not any(os.path.exists("/proc/%d" % p) and open("/proc/%d/stat" % p).read().split()[2] != "Z"
+                   for p in pids)
+    assert not os.path.exists(c.inventory)
+    assert not os.path.exists(c.api.dir)
+    again = sim("down")  # twice is fine
+    assert again.returncode == 0 and snapshot() == before
+
+
+def test_down_cleans_up_after_a_crash_halfway_up(tmp_path_factory):
+    """A crashed `up` leaves a recorded state; the names alone are enough for `down` to find the rest."""
+    sim("down")
+    before = snapshot()
+    c = bring_up(tmp_path_factory, 2)
+    os.unlink(c.api.state_path)  # lose the record: down must still find its namespaces and links by name
+    sim("down")
+    after = snapshot()
+    assert after["netns"] == before["netns"] and after["links"] == before["links"]
+
+
+def test_sixteen_nodes_up_in_under_3_minutes_and_down_in_under_1(tmp_path_factory):
+    sim("image")  # the acceptance timing is with the image already cached
+    sim("down")
+    t0 = time.monotonic()
+    c = bring_up(tmp_path_factory, 16)
+    up_s = time.monotonic() - t0
+    try:
+        assert re.search(r"sim-up: 16 A3 nodes in [\d.]+s", c.up_output)
+        out = run([BIN + "/ansible", "all", "-i", c.inventory, "-m", "ansible.builtin.ping", "-o", "-f", "16"]).stdout
+        assert len(re.findall(r"^node\d+ \| SUCCESS", out, re.M)) == 16
+        addrs = set()
+        for node in ("node01", "node16"):
+            addrs |= set(re.findall(r"^address_\d+=(\S+)$", c.ssh(node, "cat /etc/hccn.conf").stdout, re.M))
+        assert len(addrs) == 32
+        text = open(c.inventory).read()
+        assert "npuops_tier: 8p8d_pd" in text and "prefill:" in text and "decode:" in text
+    finally:
+        t1 = time.monotonic()
+        sim("down")
+        down_s = time.monotonic() - t1
+    assert up_s < 180, "16-node sim took %.0fs to come up" % up_s
+    assert down_s < 60, "16-node sim took %.0fs to go down" % down_s
+
+
+def test_sim_playbooks_bring_the_cluster_up_and_down(tmp_path):
+    sim("down")
+    inv = tmp_path / "hosts.yml"
+    run([BIN + "/ansible-playbook", "playbooks/sim_up.yml", "-e",
+         '{"sim_nodes": 2, "sim_profile": "a2", "sim_inventory": "%s"}' % inv])
+    c = SimCluster(inv)
+    try:
+        table = c.ssh("node02", "npu-smi info").stdout
+        assert len(re.findall(r"^\| \d+\s+910B3\s+\| OK", table, re.M)) == 8
+    finally:
+        run([BIN + "/ansible-playbook", "playbooks/sim_down.yml"])
+    assert c.state is None and not inv.exists()

@@ -1,0 +1,107 @@
+"""The fake npu-smi/hccn_tool print the real formats (../shared/reference/ascend-facts.md sections 1-2):
+rows rendered from a profile with the values of a published A3 dump must equal that dump's lines."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from npuops_sim import plan, profile
+
+TOOLS = os.path.join(os.path.dirname(__file__), "..", "npuops_sim", "node_tools")
+
+# verbatim lines of an A3 `npu-smi info` (vllm-ascend#2035, npu-smi 24.1.rc3.7)
+A3_LINES = [
+    "| npu-smi 24.1.rc3.7               Version: 24.1.rc3.7                                           |",
+    "+---------------------------+---------------+----------------------------------------------------+",
+    "| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|",
+    "| Chip  Phy-ID              | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |",
+    "+===========================+===============+====================================================+",
+    "| 0     Ascend910           | OK            | 178.8       36                0    / 0             |",
+    "| 0     0                   | 0000:9D:00.0  | 0           0    / 0          3397 / 65536         |",
+    "+------------------------------------------------------------------------------------------------+",
+    "| 0     Ascend910           | OK            | -           36                0    / 0             |",
+    "| 1     1                   | 0000:9F:00.0  | 0           0    / 0          3186 / 65536         |",
+    "| 1     Ascend910           | OK            | 185.4       36                0    / 0             |",
+    "| 0     2                   | 0000:99:00.0  | 0           0    / 0          3415 / 65536         |",
+    "| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |",
+    "| No running processes found in NPU 0                                                            |",
+]
+
+
+@pytest.fixture
+def a3_profile(tmp_path):
+    p = profile.build(plan.nodes(1, "a3")[0], "a3", plan.AddressPlan())
+    p["npu_smi_version"] = "24.1.rc3.7"
+    values = [(178.8, "9D", 3397), (None, "9F", 3186), (185.4, "99", 3415)]
+    chips = [ch for c in p["cards"] for ch in c["chips"]]
+    for chip, (power, bus, hbm) in zip(chips, values):
+        chip.update(power_w=power, temp_c=36, bus_id="0000:%s:00.0" % bus, hbm_used_mb=hbm)
+    return p
+
+
+def run_tool(tmp_path, p, tool, *args):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(p))
+    env = dict(os.environ, NPUOPS_SIM_PROFILE=str(path), NPUOPS_SIM_DEVMGR=str(path))
+    return subprocess.run([sys.executable, os.path.join(TOOLS, tool)] + list(args), env=env, text=True,
+                          capture_output=True, check=False)
+
+
+def test_npu_smi_info_renders_the_published_a3_rows_exactly(tmp_path, a3_profile):
+    out = run_tool(tmp_path, a3_profile, "npu_smi.py", "info").stdout.splitlines()
+    for line in A3_LINES:
+        assert line in out
+    assert len([line for line in out if "Ascend910" in line]) == 16
+
+
+def test_five_digit_hbm_use_loses_its_space_as_the_real_tool_does(tmp_path, a3_profile):
+    p = profile.apply_fault(a3_profile, "hbm_busy", device=4)
+    out = run_tool(tmp_path, p, "npu_smi.py", "info").stdout
+    assert "58959/ 65536" in out
+    assert "| 2       0                 | 2268921       | python3                  | 55600                   |" in out
+
+
+def test_npu_smi_m_maps_cards_and_chips_to_logic_and_physical_ids(tmp_path, a3_profile):
+    lines = run_tool(tmp_path, a3_profile, "npu_smi.py", "info", "-m").stdout.splitlines()
+    assert lines[0].split() == ["NPU", "ID", "Chip", "ID", "Chip", "Logic", "ID", "Chip", "Phy-ID", "Chip", "Name"]
+    rows = [line.split() for line in lines[1:]]
+    assert ["0", "0", "0", "0", "Ascend910"] in rows and ["7", "1", "15", "15", "Ascend910"] in rows
+    assert ["3", "2", "-", "-", "Mcu"] in rows
+    assert len(rows) == 24
+
+
+def test_npu_smi_without_the_driver_fails_like_dcmi(tmp_path, a3_profile):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(a3_profile))
+    env = dict(os.environ, NPUOPS_SIM_PROFILE=str(path), NPUOPS_SIM_DEVMGR=str(tmp_path / "absent"))
+    proc = subprocess.run([sys.executable, os.path.join(TOOLS, "npu_smi.py"), "info"], env=env, text=True,
+                          capture_output=True, check=False)
+    assert proc.returncode != 0 and "dcmi module initialize failed. ret is -8005" in proc.stdout
+
+
+def test_health_and_board_queries(tmp_path, a3_profile):
+    p = profile.apply_fault(a3_profile, "chip_alarm", device=9)
+    health = run_tool(tmp_path, p, "npu_smi.py", "info", "-t", "health", "-i", "4", "-c", "1").stdout
+    assert "Health Status                  : Alarm" in health
+    board = run_tool(tmp_path, p, "npu_smi.py", "info", "-t", "board", "-i", "0", "-c", "0").stdout
+    assert "NPU Name                       : 9392" in board and "Chip Name                      : Ascend910" in board
+    bad = run_tool(tmp_path, p, "npu_smi.py", "info", "-t", "health", "-i", "8")
+    assert bad.returncode != 0
+
+
+def test_hccn_tool_get_items_print_the_real_formats(tmp_path, a3_profile):
+    dev = a3_profile["devices"]["3"]
+    assert run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "3", "-link", "-g").stdout == "link status: UP\n"
+    assert run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "3", "-net_health", "-g").stdout == \
+        "net health status: Success\n"
+    assert run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "3", "-ip", "-g").stdout == \
+        "ipaddr:%s\nnetmask:255.255.240.0\n" % dev["ip"]
+    tls = run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "3", "-tls", "-g").stdout
+    assert tls.startswith("dev_id:3, tls switch[0](0:disable, 1:enable), tls preconfigured[1]")
+    vnic = run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "3", "-vnic", "-g").stdout.splitlines()
+    assert vnic == ["vnic link status: UP", "vnic ipaddr: %s" % dev["vnic_ip"], "vnic netmask: 255.255.255.0"]
+    hccs = run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "3", "-hccs_ping", "-g", "address", "10.0.0.1")
+    assert hccs.stdout.strip() == "This device does not support this function." and hccs.returncode != 0
+    assert run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "16", "-link", "-g").returncode != 0
