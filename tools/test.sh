@@ -22,7 +22,7 @@ timed() {
 lint() {
   yamllint -s .
   ansible-lint -q
-  ruff check sim tools bench tests "$COLLECTION/plugins" "$COLLECTION/tests"
+  ruff check .
 }
 
 unit() {
