@@ -43,7 +43,7 @@ PY
   local log="$PWD/.venv/ansible-test.log"
   run_logged "$log" bash -c "cd $COLLECTION && ansible-test sanity --venv --python 3.11 --color no"
   grep -E '^(Running sanity test|WARNING: Skipping|ERROR)' "$log" | sed 's/^/  /' || true
-  if [ -n "$(find "$COLLECTION/tests/unit" -name 'test_*.py' -print -quit)" ]; then
+  if [ -n "$(find "$COLLECTION/tests/unit" -name 'test_*.py' -print -quit 2>/dev/null)" ]; then
     run_logged "$log" bash -c "cd $COLLECTION && ansible-test units --venv --python 3.11 --color no"
     grep -E '(passed|failed)' "$log" | tail -n 1 | sed 's/^/  units: /' || true
   fi
