@@ -243,10 +243,16 @@ class Cluster:
 
     def make_node_files(self, spec, all_specs, generation, superpod):
         d = self.node_dir(spec.name)
-        for sub in ("etc.up", "etc.work", "usr.up", "usr.work", "root.up", "root.work", "dev.up", "dev.work",
-                    "tmp", "srv/models", "containers"):
+        for sub in ("etc.up", "etc.work", "usr.up", "usr.work", "dev.up", "dev.work", "root", "tmp", "srv/models",
+                    "containers"):
             os.makedirs(os.path.join(d, sub), exist_ok=True)
         os.chmod(os.path.join(d, "tmp"), 0o1777)
+        # a server's own root home, not this machine's (whose shell start-up files may be slow or odd)
+        os.chmod(os.path.join(d, "root"), 0o700)
+        for src, dst in (("/usr/share/base-files/dot.bashrc", ".bashrc"), ("/usr/share/base-files/dot.profile",
+                                                                          ".profile")):
+            if os.path.isfile(src):
+                shutil.copyfile(src, os.path.join(d, "root", dst))
         healthy = prof.build(spec, generation, self.plan, superpod=superpod)
         write(os.path.join(d, "profile.healthy.json"), json.dumps(healthy, indent=1))
         self.write_driver_files(d, healthy, upper=True)
@@ -263,7 +269,7 @@ class Cluster:
               % (os.path.join(d, "containers"), paths.image_store()))
         usr = os.path.join(d, "usr.up")
         here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_tools")
-        for src, dst in (("npu_smi.py", "bin/npu-smi"), ("hccn_tool.py", "Ascend/driver/tools/hccn_tool")):
+        for src, dst in (("npu_smi.py", "bin/npu-smi"), ("hccn_tool.sh", "Ascend/driver/tools/hccn_tool")):
             target = os.path.join(usr, dst)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copyfile(os.path.join(here, src), target)
@@ -282,6 +288,11 @@ class Cluster:
         """Driver/CANN state of a node. `base` is the node dir (upper=True, before boot) or its live root."""
         usr = os.path.join(base, "usr.up") if upper else os.path.join(base, "usr/local")
         write(os.path.join(usr, "Ascend/driver/lib64/npuops_sim/profile.json"), json.dumps(p, indent=1))
+        hccn = os.path.join(usr, "Ascend/driver/lib64/npuops_sim/hccn")
+        if os.path.isdir(hccn):
+            shutil.rmtree(hccn)
+        for rel, text in prof.render_hccn(p).items():
+            write(os.path.join(hccn, rel), text)
         write(os.path.join(usr, "Ascend/driver/version.info"), prof.version_info(p))
         write(os.path.join(usr, "Ascend/ascend-toolkit/latest/x86_64-linux/ascend_toolkit_install.info"),
               prof.toolkit_install_info(p))
@@ -291,7 +302,7 @@ class Cluster:
         lines = ["#!/bin/sh", "# node boot: runs inside the node's own network, mount and UTS namespaces",
                  "set -e", "hostname %s" % spec.name,
                  ov.format(low="/etc", n="etc"), ov.format(low="/usr/local", n="usr"),
-                 ov.format(low="/root", n="root"), ov.format(low="/dev", n="dev"),
+                 "mount --bind %s/root /root" % d, ov.format(low="/dev", n="dev"),
                  "mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts /dev/pts",
                  "mount --bind /dev/pts/ptmx /dev/ptmx",
                  "mount -t tmpfs -o size=%s,mode=1777 shm /dev/shm" % SHM_SIZE,

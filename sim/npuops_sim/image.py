@@ -17,7 +17,7 @@ import time
 from . import paths
 
 SUITE = "bookworm"
-PACKAGES = ["python3", "iproute2", "procps"]
+PACKAGES = ["python3", "iproute2", "iputils-ping", "procps"]
 REPOSITORY = "localhost/npuops-sim/vllm-ascend"
 # The tags the sim inventories use: -a3 for A3 nodes, none for A2, as the real image naming does.
 ALIASES = ("v0.23.0-a3", "v0.23.0")

@@ -155,6 +155,42 @@ def toolkit_install_info(profile):
             % (profile["cann_version"], profile["cann_version"]))
 
 
+NOT_SUPPORTED = "This device does not support this function."
+
+
+def render_hccn(profile):
+    """What `hccn_tool -i N -<item> -g` prints per device, as files {"N/item": text, "N/item.rc": code}.
+
+    The simulated hccn_tool is a small sh script that prints these (the real one is a binary that asks
+    the driver); `N/address` is the source address its -ping uses."""
+    a3 = profile["generation"] == "A3"
+    files = {}
+    for phy, d in profile["devices"].items():
+        items = {
+            "address": d["ip"],
+            "link": "link status: %s" % d["link"],
+            "net_health": "net health status: %s" % d["net_health"],
+            "netdetect": "netdetect address: %s" % d["netdetect"],
+            "gateway": "default gateway:%s, Iface:eth%s" % (d["gateway"], phy),
+            "ip": "ipaddr:%s\nnetmask:%s" % (d["ip"], d["netmask"]),
+            "tls": "dev_id:%s, tls switch[%d](0:disable, 1:enable), tls preconfigured[1](0:non-preset, "
+                   "1:preset), tls alarm time threshold[60]days" % (phy, d["tls_switch"]),
+            "lldp": "Chassis ID TLV\n\tMAC: ac:75:1d:00:00:%02x\nPort ID TLV\n\tIfname: %s\n"
+                    "Time to Live TLV\n\t121" % (int(phy), d["lldp_port"]),
+            "speed": "Speed: %d Mb/s" % d["speed_mbps"],
+            "vnic": ("vnic link status: %s\nvnic ipaddr: %s\nvnic netmask: %s" % (d["link"], d["vnic_ip"],
+                                                                                 d["vnic_netmask"]))
+            if a3 else NOT_SUPPORTED,
+        }
+        for item, text in items.items():
+            files["%s/%s" % (phy, item)] = text + "\n"
+        if not a3:
+            files["%s/vnic.rc" % phy] = "1\n"
+    if profile.get("superpod"):
+        files["superpod"] = "1\n"
+    return files
+
+
 def hccn_conf(profile):
     """/etc/hccn.conf: the persistent store hccn_tool -s writes, indexed by physical device id."""
     lines = []

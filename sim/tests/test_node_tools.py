@@ -44,8 +44,13 @@ def a3_profile(tmp_path):
 def run_tool(tmp_path, p, tool, *args):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(p))
-    env = dict(os.environ, NPUOPS_SIM_PROFILE=str(path), NPUOPS_SIM_DEVMGR=str(path))
-    return subprocess.run([sys.executable, os.path.join(TOOLS, tool)] + list(args), env=env, text=True,
+    hccn = tmp_path / "hccn"
+    for rel, text in profile.render_hccn(p).items():
+        (hccn / rel).parent.mkdir(parents=True, exist_ok=True)
+        (hccn / rel).write_text(text)
+    env = dict(os.environ, NPUOPS_SIM_PROFILE=str(path), NPUOPS_SIM_DEVMGR=str(path), NPUOPS_SIM_HCCN=str(hccn))
+    interpreter = ["/bin/sh"] if tool.endswith(".sh") else [sys.executable]
+    return subprocess.run(interpreter + [os.path.join(TOOLS, tool)] + list(args), env=env, text=True,
                           capture_output=True, check=False)
 
 
@@ -93,15 +98,34 @@ def test_health_and_board_queries(tmp_path, a3_profile):
 
 def test_hccn_tool_get_items_print_the_real_formats(tmp_path, a3_profile):
     dev = a3_profile["devices"]["3"]
-    assert run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "3", "-link", "-g").stdout == "link status: UP\n"
-    assert run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "3", "-net_health", "-g").stdout == \
+    assert run_tool(tmp_path, a3_profile, "hccn_tool.sh", "-i", "3", "-link", "-g").stdout == "link status: UP\n"
+    assert run_tool(tmp_path, a3_profile, "hccn_tool.sh", "-i", "3", "-net_health", "-g").stdout == \
         "net health status: Success\n"
-    assert run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "3", "-ip", "-g").stdout == \
+    assert run_tool(tmp_path, a3_profile, "hccn_tool.sh", "-i", "3", "-ip", "-g").stdout == \
         "ipaddr:%s\nnetmask:255.255.240.0\n" % dev["ip"]
-    tls = run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "3", "-tls", "-g").stdout
+    tls = run_tool(tmp_path, a3_profile, "hccn_tool.sh", "-i", "3", "-tls", "-g").stdout
     assert tls.startswith("dev_id:3, tls switch[0](0:disable, 1:enable), tls preconfigured[1]")
-    vnic = run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "3", "-vnic", "-g").stdout.splitlines()
+    vnic = run_tool(tmp_path, a3_profile, "hccn_tool.sh", "-i", "3", "-vnic", "-g").stdout.splitlines()
     assert vnic == ["vnic link status: UP", "vnic ipaddr: %s" % dev["vnic_ip"], "vnic netmask: 255.255.255.0"]
-    hccs = run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "3", "-hccs_ping", "-g", "address", "10.0.0.1")
+    hccs = run_tool(tmp_path, a3_profile, "hccn_tool.sh", "-i", "3", "-hccs_ping", "-g", "address", "10.0.0.1")
     assert hccs.stdout.strip() == "This device does not support this function." and hccs.returncode != 0
-    assert run_tool(tmp_path, a3_profile, "hccn_tool.py", "-i", "16", "-link", "-g").returncode != 0
+    assert run_tool(tmp_path, a3_profile, "hccn_tool.sh", "-i", "16", "-link", "-g").returncode != 0
+    gw = run_tool(tmp_path, a3_profile, "hccn_tool.sh", "-i", "3", "-gateway", "-g").stdout
+    assert gw == "default gateway:%s, Iface:eth3\n" % dev["gateway"]
+    lldp = run_tool(tmp_path, a3_profile, "hccn_tool.sh", "-i", "3", "-lldp", "-g").stdout
+    assert "\tIfname: %s\n" % dev["lldp_port"] in lldp
+
+
+def test_hccn_tool_ping_reports_loss_in_the_real_summary_format(tmp_path, a3_profile):
+    """Real packets over loopback: 127.0.0.1 answers, an address nobody has does not."""
+    a3_profile["devices"]["2"]["ip"] = "127.0.0.1"
+    ok = run_tool(tmp_path, a3_profile, "hccn_tool.sh", "-i", "2", "-ping", "-g", "address", "127.0.0.1")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    lines = ok.stdout.splitlines()
+    assert lines[0] == "device 2 PING 127.0.0.1" and lines[-1] == "3 packets transmitted, 3 received, 0.00% packet loss"
+    assert all(line.startswith("recv seq=") and line.endswith("ms") for line in lines[1:-1])
+    # a source address this machine does not have: nothing can be sent, as when the device's link is down
+    a3_profile["devices"]["2"]["ip"] = "192.0.2.253"
+    lost = run_tool(tmp_path, a3_profile, "hccn_tool.sh", "-i", "2", "-ping", "-g", "address", "127.0.0.1")
+    assert lost.returncode != 0
+    assert lost.stdout.splitlines()[-1] == "3 packets transmitted, 0 received, 100.00% packet loss"
