@@ -7,7 +7,7 @@ PROFILE ?= a3
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONPATH := $(CURDIR)/sim
 
-.PHONY: setup demo test lint unit sanity sim-tests bench sim-up sim-down sim-fault sim-status
+.PHONY: setup demo test lint unit sanity sim-tests molecule bench sim-up sim-down sim-fault sim-status
 
 setup:
 	@tools/setup.sh
@@ -29,6 +29,9 @@ sanity: setup
 
 sim-tests: setup
 	@tools/test.sh sim
+
+molecule: setup
+	@tools/test.sh molecule
 
 bench: setup
 	@tools/bench.sh

@@ -3,13 +3,14 @@
 #   lint    yamllint, ansible-lint (production profile, offline), ruff
 #   unit    pytest: collection module_utils/filters, simulator logic (no root, no network)
 #   sanity  ansible-test sanity + units from the collection directory (offline get-pip stand-in)
-#   sim     pytest -m sim: the simulated cluster itself (root: namespaces, sshd, podman)
+#   sim     pytest -m sim: the simulated cluster, and the playbooks on it (root: namespaces, sshd, podman)
+#   molecule  the molecule scenarios on the simulated cluster
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ANSIBLE_CONFIG="$PWD/ansible.cfg" PYTHONPATH="$PWD/sim" PATH="$PWD/.venv/bin:$PATH"
 COLLECTION=collections/ansible_collections/npuops/ascend
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(lint unit sanity sim)
+[ ${#stages[@]} -gt 0 ] || stages=(lint unit sanity sim molecule)
 
 timed() {
   local name=$1; shift
@@ -45,7 +46,7 @@ PY
   grep -E '^(Running sanity test|WARNING: Skipping|ERROR)' "$log" | sed 's/^/  /' || true
   if [ -n "$(find "$COLLECTION/tests/unit" -name 'test_*.py' -print -quit 2>/dev/null)" ]; then
     run_logged "$log" bash -c "cd $COLLECTION && ansible-test units --venv --python 3.11 --color no"
-    grep -E '(passed|failed)' "$log" | tail -n 1 | sed 's/^/  units: /' || true
+    grep -E '^=+ .*(passed|failed)' "$log" | sed 's/^/  units: /' || true
   fi
 }
 
@@ -65,6 +66,21 @@ sim() {
     return 1
   fi
   pytest -q -m sim -p no:cacheprovider
+}
+
+molecule() {
+  local scenario
+  for scenario in molecule/*/molecule.yml; do
+    scenario=$(basename "$(dirname "$scenario")")
+    local log="$PWD/.venv/molecule-$scenario.log"
+    local t0=$SECONDS
+    if ! command molecule test -s "$scenario" >"$log" 2>&1; then
+      sed 's/\x1b\[[0-9;]*m//g' "$log" | tail -n 120
+      echo "molecule scenario $scenario failed (full log: $log)" >&2
+      return 1
+    fi
+    echo "  molecule $scenario: ok in $((SECONDS - t0))s"
+  done
 }
 
 for stage in "${stages[@]}"; do

@@ -55,6 +55,8 @@ def main(argv=None):
     up.add_argument("--fault", type=parse_fault, action="append", default=[])
     up.add_argument("--inventory", help="write the Ansible inventory of the nodes here")
     up.add_argument("--tier", help="npuops_tier to write into the inventory (default: from the node count)")
+    up.add_argument("--ping-interval", type=float, default=float(os.environ.get("SIM_PING_INTERVAL", "0") or 0),
+                    help="seconds between the packets of hccn_tool -ping (default 0.2; ping's own default is 1)")
     sub.add_parser("down")
     fault = sub.add_parser("fault")
     fault.add_argument("--node", required=True)
@@ -74,7 +76,7 @@ def main(argv=None):
     try:
         if args.cmd == "up":
             specs, timings = c.up(args.nodes, args.profile, faults=args.fault, inventory=args.inventory,
-                                  tier=args.tier, superpod=args.superpod)
+                                  tier=args.tier, superpod=args.superpod, ping_interval=args.ping_interval or None)
             for s in specs:
                 print("  %s  ssh root@%s  fabric %s  netns %s" % (s.name, s.mgmt_ip, s.fabric_ip, s.netns))
             if args.inventory:

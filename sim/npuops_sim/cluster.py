@@ -20,6 +20,7 @@ import threading
 import time
 
 from . import image, paths, plan, profile as prof
+from .node_tools import npu_smi as npu_smi_tool
 
 SSHD = "/usr/sbin/sshd"
 SHM_SIZE = "16g"
@@ -128,7 +129,7 @@ class Cluster:
         return os.path.join(self.dir, "nodes", name)
 
     # ----------------------------------------------------------------- up
-    def up(self, count, generation="a3", faults=(), inventory=None, tier=None, superpod=False):
+    def up(self, count, generation="a3", faults=(), inventory=None, tier=None, superpod=False, ping_interval=None):
         if os.geteuid() != 0:
             raise SimError("the simulator needs root (network and mount namespaces); run it as root")
         specs = plan.nodes(count, generation, self.names, self.plan)
@@ -153,7 +154,7 @@ class Cluster:
             self.make_ssh_identity(specs)
             self.make_bridges(state)
             for spec in specs:
-                self.make_node_files(spec, specs, generation, superpod)
+                self.make_node_files(spec, specs, generation, superpod, ping_interval)
                 self.make_node_network(state, spec)
             timings["network"] = time.monotonic() - t1
             t2 = time.monotonic()
@@ -241,7 +242,7 @@ class Cluster:
         batch += ["addr add %s/%d dev %s" % (d["ip"], fab_len, plan.FABRIC_NIC) for d in spec.devices]
         run(["ip", "-n", ns, "-batch", "-"], input="\n".join(batch) + "\n")
 
-    def make_node_files(self, spec, all_specs, generation, superpod):
+    def make_node_files(self, spec, all_specs, generation, superpod, ping_interval=None):
         d = self.node_dir(spec.name)
         for sub in ("etc.up", "etc.work", "usr.up", "usr.work", "dev.up", "dev.work", "root", "tmp", "srv/models",
                     "containers"):
@@ -254,6 +255,8 @@ class Cluster:
             if os.path.isfile(src):
                 shutil.copyfile(src, os.path.join(d, "root", dst))
         healthy = prof.build(spec, generation, self.plan, superpod=superpod)
+        if ping_interval:
+            healthy["ping_interval"] = float(ping_interval)
         write(os.path.join(d, "profile.healthy.json"), json.dumps(healthy, indent=1))
         self.write_driver_files(d, healthy, upper=True)
         etc = os.path.join(d, "etc.up")
@@ -269,7 +272,7 @@ class Cluster:
               % (os.path.join(d, "containers"), paths.image_store()))
         usr = os.path.join(d, "usr.up")
         here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_tools")
-        for src, dst in (("npu_smi.py", "bin/npu-smi"), ("hccn_tool.sh", "Ascend/driver/tools/hccn_tool")):
+        for src, dst in (("npu_smi.sh", "bin/npu-smi"), ("hccn_tool.sh", "Ascend/driver/tools/hccn_tool")):
             target = os.path.join(usr, dst)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copyfile(os.path.join(here, src), target)
@@ -293,6 +296,11 @@ class Cluster:
             shutil.rmtree(hccn)
         for rel, text in prof.render_hccn(p).items():
             write(os.path.join(hccn, rel), text)
+        smi = os.path.join(usr, "Ascend/driver/lib64/npuops_sim/npu_smi")
+        if os.path.isdir(smi):
+            shutil.rmtree(smi)
+        for rel, text in npu_smi_tool.render_all(p).items():
+            write(os.path.join(smi, rel), text)
         write(os.path.join(usr, "Ascend/driver/version.info"), prof.version_info(p))
         write(os.path.join(usr, "Ascend/ascend-toolkit/latest/x86_64-linux/ascend_toolkit_install.info"),
               prof.toolkit_install_info(p))
@@ -374,6 +382,7 @@ class Cluster:
             "      -o UserKnownHostsFile=%s/known_hosts -o StrictHostKeyChecking=yes" % ssh,
             "      -o ControlMaster=auto -o ControlPersist=60s -o ControlPath=%s/cp/%%C" % ssh,
             "    npuops_sim_generation: %s" % generation.upper(),
+            "    npuops_image: %s:%s" % (image.REPOSITORY, image.ALIASES[0] if generation == "a3" else image.ALIASES[1]),
         ]
         if tier:
             lines.append("    npuops_tier: %s" % tier)
@@ -391,6 +400,12 @@ class Cluster:
         write(path, "\n".join(lines) + "\n")
         state = self.load()
         state["inventory"] = os.path.abspath(path)
+        # an inventory written elsewhere (tests, benchmarks, molecule) gets the simulated cluster's static
+        # settings too, as inventories/sim has them next to its hosts.yml
+        link = os.path.join(os.path.dirname(os.path.abspath(path)), "group_vars")
+        if not os.path.lexists(link):
+            os.symlink(paths.SIM_GROUP_VARS, link)
+            state["group_vars_link"] = link
         self.save(state)
 
     # ----------------------------------------------------------------- node access
@@ -556,6 +571,9 @@ class Cluster:
         inventory = state.get("inventory")
         if inventory and os.path.isfile(inventory):
             os.unlink(inventory)
+        link = state.get("group_vars_link")
+        if link and os.path.islink(link):
+            os.unlink(link)
         if os.path.isdir(self.dir):
             shutil.rmtree(self.dir)
         return time.monotonic() - t0

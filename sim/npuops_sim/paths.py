@@ -6,6 +6,9 @@ PROFILE_IN_NODE = "/usr/local/Ascend/driver/lib64/npuops_sim/profile.json"
 HCCN_TOOL_IN_NODE = "/usr/local/Ascend/driver/tools/hccn_tool"
 NPU_SMI_IN_NODE = "/usr/local/bin/npu-smi"
 MODELS_IN_NODE = "/srv/models"
+# the static settings of the simulated cluster (model, engine, ...), next to the inventory it writes
+SIM_GROUP_VARS = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "inventories", "sim",
+                                              "group_vars"))
 
 # podman on these machines: runc, no default ulimits (setting them fails in this sandbox), cgroupfs.
 CONTAINERS_CONF = """[containers]

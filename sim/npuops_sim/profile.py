@@ -188,6 +188,8 @@ def render_hccn(profile):
             files["%s/vnic.rc" % phy] = "1\n"
     if profile.get("superpod"):
         files["superpod"] = "1\n"
+    if profile.get("ping_interval"):
+        files["ping_interval"] = "%s\n" % profile["ping_interval"]
     return files
 
 

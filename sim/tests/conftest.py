@@ -1,70 +1,7 @@
-"""Helpers for the tests that bring up simulated nodes (marked `sim`: root, namespaces, sshd, podman).
-
-They use their own cluster id and address ranges, so they never touch a cluster `make sim-up` made."""
-import json
-import os
-import subprocess
-import sys
-
+"""Fixtures for the simulator's own tests; the helpers live in npuops_sim.testing."""
 import pytest
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BIN = os.path.dirname(sys.executable)
-TEST_ENV = {"SIM_ID": "npst", "SIM_MGMT_NET": "10.223.0.0/24", "SIM_FABRIC_NET": "10.224.0.0/20"}
-
-
-def env():
-    e = dict(os.environ, PYTHONPATH=os.path.join(REPO, "sim"), ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
-             ANSIBLE_HOST_KEY_CHECKING="True", PATH=BIN + ":" + os.environ.get("PATH", ""))
-    e.update(TEST_ENV)
-    return e
-
-
-def run(argv, timeout=600, check=True, **kw):
-    proc = subprocess.run(argv, env=env(), cwd=REPO, text=True, capture_output=True, timeout=timeout, **kw)
-    if check and proc.returncode != 0:
-        raise AssertionError("%s failed (rc=%d)\nstdout:\n%s\nstderr:\n%s"
-                             % (" ".join(argv), proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:]))
-    return proc
-
-
-def sim(*args, **kw):
-    return run([sys.executable, "-m", "npuops_sim"] + list(args), **kw)
-
-
-class SimCluster:
-    """A cluster brought up for one test module; `down()` in the fixture's finalizer."""
-
-    def __init__(self, inventory):
-        self.inventory = str(inventory)
-        from npuops_sim import cluster, plan
-        self.api = cluster.Cluster(TEST_ENV["SIM_ID"], address_plan=plan.AddressPlan(
-            TEST_ENV["SIM_MGMT_NET"], TEST_ENV["SIM_FABRIC_NET"]), log=lambda *_: None)
-
-    @property
-    def state(self):
-        return self.api.load()
-
-    def ip(self, node):
-        return self.state["nodes"][node]["mgmt_ip"]
-
-    def ssh(self, node, command, check=True, timeout=120):
-        d = self.api.ssh_dir()
-        return run(["ssh", "-i", d + "/id_ed25519", "-o", "UserKnownHostsFile=%s/known_hosts" % d,
-                    "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "root@" + self.ip(node), command],
-                   check=check, timeout=timeout)
-
-    def profile(self, node):
-        return json.loads(self.ssh(node, "cat /usr/local/Ascend/driver/lib64/npuops_sim/profile.json").stdout)
-
-
-def bring_up(tmp_path_factory, nodes, profile="a3", *extra):
-    inv = tmp_path_factory.mktemp("inv") / "hosts.yml"
-    sim("down", timeout=300)  # a leftover of an interrupted run must not fail this one
-    out = sim("up", "--nodes", str(nodes), "--profile", profile, "--inventory", str(inv), *extra, timeout=600)
-    c = SimCluster(inv)
-    c.up_output = out.stdout
-    return c
+from npuops_sim.testing import BIN, REPO, TEST_ENV, SimCluster, bring_up, run, sim  # noqa: F401
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from conftest import BIN, run, sim
+from npuops_sim.testing import BIN, run, sim
 
 pytestmark = pytest.mark.sim
 HCCN = "/usr/local/Ascend/driver/tools/hccn_tool"

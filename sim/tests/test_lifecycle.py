@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import BIN, TEST_ENV, SimCluster, bring_up, run, sim
+from npuops_sim.testing import BIN, TEST_ENV, SimCluster, bring_up, run, sim
 
 pytestmark = pytest.mark.sim
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from npuops_sim import plan, profile
+from npuops_sim.node_tools import npu_smi as npu_smi_tool
 
 TOOLS = os.path.join(os.path.dirname(__file__), "..", "npuops_sim", "node_tools")
 
@@ -48,7 +49,12 @@ def run_tool(tmp_path, p, tool, *args):
     for rel, text in profile.render_hccn(p).items():
         (hccn / rel).parent.mkdir(parents=True, exist_ok=True)
         (hccn / rel).write_text(text)
-    env = dict(os.environ, NPUOPS_SIM_PROFILE=str(path), NPUOPS_SIM_DEVMGR=str(path), NPUOPS_SIM_HCCN=str(hccn))
+    smi = tmp_path / "npu_smi"
+    for rel, text in npu_smi_tool.render_all(p).items():
+        (smi / rel).parent.mkdir(parents=True, exist_ok=True)
+        (smi / rel).write_text(text)
+    env = dict(os.environ, NPUOPS_SIM_PROFILE=str(path), NPUOPS_SIM_DEVMGR=str(path), NPUOPS_SIM_HCCN=str(hccn),
+               NPUOPS_SIM_NPU_SMI=str(smi))
     interpreter = ["/bin/sh"] if tool.endswith(".sh") else [sys.executable]
     return subprocess.run(interpreter + [os.path.join(TOOLS, tool)] + list(args), env=env, text=True,
                           capture_output=True, check=False)
@@ -75,6 +81,19 @@ def test_npu_smi_m_maps_cards_and_chips_to_logic_and_physical_ids(tmp_path, a3_p
     assert ["0", "0", "0", "0", "Ascend910"] in rows and ["7", "1", "15", "15", "Ascend910"] in rows
     assert ["3", "2", "-", "-", "Mcu"] in rows
     assert len(rows) == 24
+
+
+@pytest.mark.parametrize("args", [["info"], ["info", "-m"], ["info", "-l"], ["info", "-t", "board", "-i", "3"],
+                                  ["info", "-t", "board", "-i", "3", "-c", "1"], ["info", "-t", "health", "-i", "0"],
+                                  ["info", "-t", "usages", "-i", "7", "-c", "0"], ["info", "-t", "spod-info", "-i", "2",
+                                                                                   "-c", "1"],
+                                  ["info", "-t", "health", "-i", "9"], ["info", "-t", "health", "-i", "1", "-c", "5"],
+                                  ["info", "-t", "flash", "-i", "1"]])
+def test_the_sh_front_end_prints_what_the_renderer_answers(tmp_path, a3_profile, args):
+    p = profile.apply_fault(a3_profile, "hbm_busy", device=6)
+    direct = run_tool(tmp_path, p, "npu_smi.py", *args)
+    fast = run_tool(tmp_path, p, "npu_smi.sh", *args)
+    assert (fast.stdout, fast.returncode == 0) == (direct.stdout, direct.returncode == 0)
 
 
 def test_npu_smi_without_the_driver_fails_like_dcmi(tmp_path, a3_profile):

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Simulated `npu-smi` for the npuops test cluster (test infrastructure, not a product).
 
-Prints the formats of the real tool (../shared/reference/ascend-facts.md section 1) from the node's
+`render_all()` renders every answer into files that `npu_smi.sh` (installed as npu-smi on the nodes)
+prints, as cheap to call as the real binary; `main()` answers directly (used by the tests). It prints the formats of the real tool (../shared/reference/ascend-facts.md section 1) from the node's
 profile, which `npuops_sim` writes where the real driver keeps its state (driver lib64), so the same
 tool also answers inside a container that mounts the driver as vLLM-Ascend containers do.
 Standard library only: it runs with the node's system Python and inside the sim image.
@@ -28,7 +29,7 @@ def load_profile():
 def widths(profile):
     # npu-smi 26.0.rc2 widened the right block from 52 to 70 columns (vllm-ascend#12980).
     if profile.get("table_style") == "wide":
-        return 27, 15, (1, 21, 24, 25)
+        return 27, 15, (1, 21, 24, 24)
     return 27, 15, (1, 12, 18, 21)
 
 
@@ -184,6 +185,23 @@ def typed_info(p, kind, card, chip):
         return kv([("SDID", c.get("sdid", 0)), ("Super Pod Size", p.get("superpod_size", 0)),
                    ("Super Pod ID", p.get("superpod_id", 0)), ("Server Index", p.get("server_index", 0))])
     return None
+
+
+TYPES = ("board", "health", "usages", "memory", "spod-info")
+
+
+def render_all(p):
+    """Every answer the simulated npu-smi gives, as files the small sh front end prints:
+    {"info": text, "info_-m": ..., "info_-l": ..., "t/<type>_<card>[_<chip>]": text}."""
+    files = {"info": info_table(p), "info_-m": info_m(p), "info_-l": info_l(p)}
+    for card in p["cards"]:
+        for kind in TYPES:
+            for chip in [None] + card["chips"]:
+                text = typed_info(p, kind, card, chip)
+                if text is not None:
+                    key = "t/%s_%s" % (kind, card["npu_id"]) + ("" if chip is None else "_%s" % chip["chip_id"])
+                    files[key] = text
+    return dict((k, v + "\n") for k, v in files.items())
 
 
 def main(argv):

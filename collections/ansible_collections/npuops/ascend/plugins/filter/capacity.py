@@ -1,0 +1,113 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""capacity_plan: will the model fit, and how much KV cache (how many sequences) is left.
+
+The estimate, per die (one logical NPU), for one engine instance of TP x PP x DP dies:
+
+  weights/die   = W * ((1 - e) / (TP*PP) + e / (TP*PP*EPDIV))       e = expert share of the weights,
+                                                                    EPDIV = DP with expert parallelism, else 1
+  usable/die    = HBM_total * gpu_memory_utilization                 (vLLM budgets against total HBM)
+  KV budget/die = usable - weights - runtime overhead                (activations, HCCL buffers, graphs)
+  KV bytes/token/die = ceil(layers / PP) * kv_elements * dtype_bytes (MLA: one latent of kv_lora_rank +
+                                                                    rope dims per layer, replicated over TP)
+  KV tokens     = KV budget / KV bytes per token (per DP replica; vLLM reports it per DP group)
+  sequences at context L = floor(KV tokens / L) per replica, x DP for the instance
+
+Assumptions, stated so they can be checked: Kimi-K3 has a Kimi-K2-like MLA architecture (61 layers,
+kv_lora_rank 512 + rope 64 = 576 KV elements per layer per token); the runtime overhead does not depend
+on gpu_memory_utilization. The overhead is calibrated on the one published data point: Kimi-K3.1-Pro
+W4A8 (1.47 TB) on 2 x A3 (32 dies, TP16 x PP2) = 42.8 GiB of weights per die and, at 0.90 utilization
+with an int8 KV cache (block size 768), 468,750 KV tokens — at most 2 concurrent 200K sessions.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible.errors import AnsibleFilterError
+
+GIB = 1024.0 ** 3
+MIB = 1024 * 1024
+# calibrated on the published data point (see the module docstring); overridable per preset
+RUNTIME_OVERHEAD_GIB = 7.022
+DTYPE_BYTES = {"int8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "auto": 2, "bfloat16": 2, "bf16": 2,
+               "float16": 2, "fp16": 2}
+
+
+def plan(preset, tp, pp=1, dp=1, expert_parallel=False, hbm_total_mb=65536, overrides=None, contexts=None):
+    """-> dict of the estimate plus `errors` (does not fit) and `warnings` (fits, with limits)."""
+    p = dict(preset)
+    p.update(overrides or {})
+    tp, pp, dp = int(tp), int(pp), int(dp)
+    weights = float(p["weights_bytes"])
+    e = float(p.get("expert_fraction", 0.0))
+    ep_div = dp if expert_parallel else 1
+    per_die = weights * ((1.0 - e) / (tp * pp) + e / (tp * pp * ep_div))
+    util = float(p.get("gpu_memory_utilization", 0.9))
+    usable = float(hbm_total_mb) * MIB * util
+    overhead = float(p.get("runtime_overhead_gib", RUNTIME_OVERHEAD_GIB)) * GIB
+    dtype = str(p.get("kv_cache_dtype", "auto"))
+    if dtype not in DTYPE_BYTES:
+        raise AnsibleFilterError("capacity_plan: unknown kv_cache_dtype %r (known: %s)" % (dtype, sorted(DTYPE_BYTES)))
+    layers_per_die = -(-int(p["layers"]) // pp)
+    kv_per_token = layers_per_die * int(p["kv_elements_per_token_per_layer"]) * DTYPE_BYTES[dtype]
+    budget = usable - per_die - overhead
+    kv_tokens = int(budget // kv_per_token) if budget > 0 else 0
+    block = int(p.get("block_size", 128))
+    max_len = int(p.get("max_model_len", 0))
+    max_seqs = int(p.get("max_num_seqs", 0))
+    out = {
+        "dies": tp * pp * dp,
+        "weights_bytes_per_die": int(per_die),
+        "weights_gib_per_die": round(per_die / GIB, 2),
+        "usable_gib_per_die": round(usable / GIB, 2),
+        "overhead_gib_per_die": round(overhead / GIB, 2),
+        "kv_budget_gib_per_die": round(budget / GIB, 2),
+        "kv_bytes_per_token_per_die": kv_per_token,
+        "kv_tokens": kv_tokens,
+        "kv_blocks": kv_tokens // block,
+        "block_size": block,
+        "max_model_len": max_len,
+        "max_num_seqs": max_seqs,
+        "sequences_at_max_model_len": (kv_tokens // max_len) * dp if max_len else None,
+        "sequences_at": dict((int(c), (kv_tokens // int(c)) * dp) for c in (contexts or [])),
+        "errors": [],
+        "warnings": [],
+    }
+    if per_die > usable:
+        values = (per_die / GIB, usable / GIB, hbm_total_mb, util, out["dies"])
+        out["errors"].append(
+            "weights need %.1f GiB per die but only %.1f GiB is usable (%d MB x %.2f): the model does not fit on "
+            "%d dies; use more nodes or a smaller quantization" % values)
+    elif kv_tokens == 0:
+        out["errors"].append(
+            "weights (%.1f GiB) and runtime overhead (%.1f GiB) leave no KV cache in %.1f GiB per die; raise "
+            "gpu_memory_utilization or use more dies" % (per_die / GIB, overhead / GIB, usable / GIB))
+    elif max_len and kv_tokens < max_len:
+        out["errors"].append("the KV cache holds %d tokens, less than one sequence of max_model_len %d; vLLM "
+                             "refuses to start: lower max_model_len" % (kv_tokens, max_len))
+    elif max_len and max_seqs and max_len * max_seqs > kv_tokens:
+        out["warnings"].append(
+            "max_model_len %d x max_num_seqs %d = %d tokens exceeds the KV estimate of %d tokens per DP replica: "
+            "at full length only %d sequences run at once (the rest wait)" % (
+                max_len, max_seqs, max_len * max_seqs, kv_tokens, kv_tokens // max_len))
+    return out
+
+
+def capacity_plan(preset, instance, hbm_total_mb=65536, overrides=None, contexts=None):
+    try:
+        return plan(preset, instance.get("tp", 1), instance.get("pp", 1), instance.get("dp", 1),
+                    bool(instance.get("expert_parallel", False)), hbm_total_mb, overrides, contexts)
+    except (KeyError, ValueError, TypeError) as e:
+        raise AnsibleFilterError("capacity_plan: the model preset lacks or mistypes a field: %s" % e)
+
+
+def capacity_by_instance(instances, preset, hbm_total_mb=65536, contexts=None):
+    """{instance name: capacity_plan} for every engine instance of a tier."""
+    return dict((i["name"], capacity_plan(preset, i, hbm_total_mb, contexts=contexts)) for i in instances)
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"capacity_plan": capacity_plan, "capacity_by_instance": capacity_by_instance}

@@ -1,0 +1,267 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The preflight go/no-go: per-node results + cluster-wide rules -> one table of named failures.
+
+``ping_mesh`` turns every node's /etc/hccn.conf addresses into per-device ping targets;
+``preflight_report`` gathers what npu_facts, host_check and hccn_check found on every node, adds the
+checks only the whole cluster can answer (unique device addresses, one TLS setting everywhere, the
+capacity plan), and returns rows ``{host, check, device, observed, expected, fix, severity}``.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+
+from ansible_collections.npuops.ascend.plugins.module_utils import hccn, npu_smi
+
+HBM_IDLE_MAX_MB = 8192  # an idle A3 die shows ~3.2-3.4 GB used (firmware); more means someone holds it
+
+
+def ping_mesh(addresses, mode="auto"):
+    """{host: {phy: address}} -> {host: [{device, address}]}; mode auto|full|sample (see hccn.plan_mesh).
+
+    auto: the full mesh while it costs at most 4 sequential pings per device (up to 5 nodes), the covering
+    sample beyond that, so preflight time stays flat as the cluster grows.
+    """
+    clean = dict((h, dict((int(k), v) for k, v in (a or {}).items())) for h, a in addresses.items())
+    if mode == "auto":
+        mode = "full" if len(clean) <= 5 else "sample"
+    plan = hccn.plan_mesh(clean, mode)
+    return dict((h, [{"device": phy, "address": t} for phy, ts in sorted(per.items()) for t in ts])
+                for h, per in plan.items())
+
+
+def _dig(value, path):
+    for key in path.split(".") if path else []:
+        if value is None:
+            return None
+        try:
+            value = value[key]
+        except (KeyError, TypeError, IndexError):
+            return None
+    return value
+
+
+def collect(hostvars, hosts, path):
+    """{host: hostvars[host].<path>} for the given hosts (None where it is not set)."""
+    out = {}
+    for h in hosts:
+        try:
+            hv = hostvars[h]
+        except KeyError:
+            out[h] = None
+            continue
+        first, _sep, rest = path.partition(".")
+        out[h] = _dig(hv.get(first), rest)
+    return out
+
+
+def preflight_gather(hostvars, hosts):
+    """What the preflight tasks registered on each host, in the shape preflight_report takes."""
+    return dict((h, {"npu": collect(hostvars, [h], "ansible_facts.npu")[h],
+                     "npu_result": collect(hostvars, [h], "npuops_npu_result")[h],
+                     "host_check": collect(hostvars, [h], "npuops_host_result")[h],
+                     "hccn_check": collect(hostvars, [h], "npuops_hccn_result")[h]}) for h in hosts)
+
+
+def row(host, check, observed, expected, fix, device=None, severity="error"):
+    return {"host": host, "check": check, "device": device, "observed": observed, "expected": expected,
+            "fix": fix, "severity": severity}
+
+
+def _ok_result(res):
+    return isinstance(res, dict) and not res.get("failed") and not res.get("unreachable") and \
+        not res.get("skipped")
+
+
+def _module_failure(host, check, res):
+    if not isinstance(res, dict) or res.get("skipped"):
+        return row(host, check, "did not run", "ran", "see the task output for %s" % host)
+    if res.get("unreachable"):
+        return row(host, "ssh", res.get("msg", "unreachable"), "reachable over SSH",
+                   "check that %s is up, sshd answers and the inventory's address and key are right" % host)
+    return row(host, check, res.get("msg", "failed"), "succeeds", "see the message; run the module by hand on %s"
+               % host)
+
+
+def image_generation(image):
+    """'...:v0.23.0-a3' / '-a3-openeuler' -> A3; other vllm-ascend tags -> A2 (ascend-facts §3.1)."""
+    tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
+    return "A3" if re.search(r"(^|-)a3($|-)", tag) else "A2"
+
+
+def _hccn_rows(host, result, addr_owner):
+    """hccn_check failures as report rows. When every ping from this node to one peer failed, one
+    `fabric` row names the node pair instead of a row per device (a cut path, not 16 broken devices)."""
+    rows = []
+    pings = list(result.get("ping", []))
+    by_peer = {}
+    for p in pings:
+        owner = addr_owner.get(p["target"], [(None, None)])[0]
+        by_peer.setdefault(owner[0], []).append(p)
+    cut = set()
+    for peer, items in by_peer.items():
+        if peer is not None and len(items) > 1 and not any(p["ok"] for p in items):
+            cut.add(peer)
+            rows.append(row(host, "fabric", "all %d pings from %s to %s failed (devices %s)" % (
+                len(items), host, peer, ",".join(str(d) for d in sorted({p["phy_id"] for p in items}))),
+                "%s reaches %s over the NPU fabric" % (host, peer),
+                "check the fabric path between %s and %s: switch ports, VLAN/routes, TLS on both sides"
+                % (host, peer)))
+    for p in result.get("failed_checks", []):
+        observed = p["observed"]
+        if p["check"] == "ping":
+            target = observed.split(" to ", 1)[-1].split(":", 1)[0]
+            owners = addr_owner.get(target)
+            if owners and owners[0][0] in cut:
+                continue
+            if owners:
+                observed = "%s (%s device %s)" % (observed, owners[0][0], owners[0][1])
+        rows.append(row(host, p["check"], observed, p["expected"], p["fix"], device=p["phy_id"]))
+    return rows
+
+
+def image_requirement(image, requirements):
+    """The first entry of `requirements` whose tag_pattern matches the image's tag (or digest-less ref)."""
+    ref = str(image).split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    tag = last.split(":", 1)[1] if ":" in last else "latest"
+    for req in requirements or []:
+        if re.search(req.get("tag_pattern", ".*"), tag):
+            return dict(req, tag=tag)
+    return {"tag": tag}
+
+
+def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, requirements=None,
+                     strict=True):
+    """`hosts_results`: {host: {npu: facts or None, npu_result, host_check, hccn_check}}."""
+    rows = []
+    want_gen = tier.get("generation")
+    want_dies = int(tier.get("dies_per_node", 16))
+    req = requirements or {}
+    min_driver, min_cann = req.get("min_driver"), req.get("min_cann")
+    addr_owner = {}
+    for host, r in sorted(hosts_results.items()):
+        for phy, addr in ((r.get("host_check") or {}).get("hccn_addresses") or {}).items():
+            addr_owner.setdefault(addr, []).append((host, int(phy)))
+
+    tls_values = {}
+    for host, r in sorted(hosts_results.items()):
+        npu_res = r.get("npu_result")
+        facts = r.get("npu")
+        if not _ok_result(npu_res) or not facts:
+            rows.append(_module_failure(host, "npu_facts", npu_res))
+        else:
+            if facts.get("generation") != want_gen or facts.get("chip_count") != want_dies:
+                rows.append(row(host, "chips", "%s with %s dies (%s cards x %s chips)" % (
+                    facts.get("generation"), facts.get("chip_count"), facts.get("card_count"),
+                    facts.get("chips_per_card")), "%s with %d dies" % (want_gen, want_dies),
+                    "this tier runs on %s nodes with %d dies each; check npu-smi info on %s (a chip missing means "
+                    "a driver or hardware fault) or pick the tier for this hardware" % (want_gen, want_dies, host)))
+            if image and facts.get("generation") and image_generation(image) != facts["generation"]:
+                suffix = "-a3" if facts["generation"] == "A3" else "none"
+                rows.append(row(host, "image", "%s is an %s image" % (image, image_generation(image)),
+                                "an %s image (tag suffix %s)" % (facts["generation"], suffix),
+                                "A3 needs the -a3 image and A2 the plain one (the CANN kernels differ): fix npuops_image"))
+            phy_of = dict(((c["card"], c["chip"]), c["phy_id"]) for c in facts.get("chips", []))
+            for c in facts.get("chips", []):
+                if c.get("health") != "OK":
+                    seen = "card %s chip %s health %s" % (c["card"], c["chip"], c["health"])
+                    rows.append(row(host, "chip_health", seen,
+                                    "OK", "npu-smi info -t health -i %s -c %s shows the error code; clear the fault "
+                                    "or replace the card before launch" % (c["card"], c["chip"]), device=c["phy_id"]))
+            for p in facts.get("processes", []):
+                phy = phy_of.get((p["card"], p["chip"]))
+                rows.append(row(host, "hbm_free", "pid %s (%s) holds %s MB on card %s chip %s" % (
+                    p["pid"], p.get("name") or "?", p.get("memory_mb"), p["card"], p["chip"]),
+                    "no process on the NPUs", "stop pid %s on %s (a stale vLLM or training job?); the engine needs "
+                    "the whole HBM" % (p["pid"], host), device=phy))
+            busy_devices = set(phy_of.get((p["card"], p["chip"])) for p in facts.get("processes", []))
+            for c in facts.get("chips", []):
+                if c.get("hbm_used_mb") and c["hbm_used_mb"] > HBM_IDLE_MAX_MB and c["phy_id"] not in busy_devices:
+                    rows.append(row(host, "hbm_free", "%s of %s MB used with no process listed" % (
+                        c["hbm_used_mb"], c["hbm_total_mb"]), "at most %d MB used when idle" % HBM_IDLE_MAX_MB,
+                        "something in another container holds HBM on card %s chip %s: find and stop it"
+                        % (c["card"], c["chip"]), device=c["phy_id"]))
+            if min_driver and npu_smi.version_tuple(facts.get("driver_version")) < npu_smi.version_tuple(min_driver):
+                rows.append(row(host, "driver", "driver %s" % facts.get("driver_version"),
+                                "driver >= %s for %s" % (min_driver, image),
+                                "upgrade the Ascend driver and firmware (HDK) on %s to %s or newer, or pick an image "
+                                "built for this driver" % (host, min_driver)))
+            if min_cann and facts.get("cann_version") and \
+                    npu_smi.version_tuple(facts["cann_version"]) < npu_smi.version_tuple(min_cann):
+                rows.append(row(host, "cann", "host CANN %s" % facts["cann_version"], "CANN >= %s" % min_cann,
+                                "upgrade the host CANN toolkit on %s (or remove it; the image brings its own)" % host))
+
+        hc = r.get("host_check")
+        if not _ok_result(hc):
+            rows.append(_module_failure(host, "host_check", hc))
+        else:
+            for p in hc.get("failed_checks", []):
+                rows.append(row(host, p["check"], p["observed"], p["expected"], p["fix"], device=p.get("phy_id")))
+
+        hk = r.get("hccn_check")
+        if not _ok_result(hk):
+            rows.append(_module_failure(host, "hccn_check", hk))
+        else:
+            rows.extend(_hccn_rows(host, hk, addr_owner))
+            for d in hk.get("devices", []):
+                if d.get("tls_switch") is not None:
+                    tls_values.setdefault(d["tls_switch"], []).append((host, d["phy_id"]))
+
+    for addr, owners in sorted(addr_owner.items()):
+        if len(owners) > 1:
+            for host, phy in owners[1:]:
+                seen = "device %s has %s, as %s device %s" % (phy, addr, owners[0][0], owners[0][1])
+                fix = "give %s device %s its own address (hccn_tool -i %s -ip -s address ...)" % (host, phy, phy)
+                rows.append(row(host, "hccn_unique", seen, "device addresses unique across the cluster", fix,
+                                device=phy))
+    if len(tls_values) > 1:
+        usual = max(sorted(tls_values), key=lambda v: len(tls_values[v]))
+        for value, where in sorted(tls_values.items()):
+            if value == usual:
+                continue
+            for host, phy in where:
+                rows.append(row(host, "tls", "tls switch %s" % value, "tls switch %s, as on the other %d devices"
+                                % (usual, len(tls_values[usual])),
+                                "make TLS the same on every device of every node: hccn_tool -i %s -tls -s enable %s"
+                                % (phy, usual), device=phy))
+
+    for name, cap in sorted((capacity or {}).items()):
+        where = (plan or {}).get("instances", {}).get(name, {}).get("leader", "cluster")
+        for msg in cap.get("errors", []):
+            rows.append(row(where, "capacity", msg, "the model fits with room for KV cache",
+                            "use a tier with more dies, a smaller quantization, or a lower max_model_len"))
+        for msg in cap.get("warnings", []):
+            rows.append(row(where, "capacity", msg, "max_model_len x max_num_seqs within the KV estimate",
+                            "lower max_num_seqs or max_model_len in npuops_model_overrides if every sequence must fit",
+                            severity="warning"))
+
+    rows.sort(key=lambda x: (x["host"], x["check"], -1 if x["device"] is None else x["device"]))
+    failures = [x for x in rows if x["severity"] == "error"]
+    warnings = [x for x in rows if x["severity"] == "warning"]
+    return {"ok": not failures, "go": not failures or not strict, "failures": failures, "warnings": warnings,
+            "hosts": sorted(hosts_results), "table": format_table(rows)}
+
+
+def format_table(rows):
+    if not rows:
+        return ["preflight: every check passed"]
+    head = ("host", "check", "dev", "observed", "expected", "fix")
+    data = [(x["host"], x["check"] + ("" if x["severity"] == "error" else " (warning)"),
+             "" if x["device"] is None else str(x["device"]), x["observed"], x["expected"], x["fix"]) for x in rows]
+    widths = [min(max(len(r[i]) for r in data + [head]), cap) for i, cap in enumerate((12, 20, 3, 72, 48, 400))]
+    fmt = "  ".join("%%-%ds" % w for w in widths[:-1]) + "  %s"
+    out = [fmt % head]
+    for r in sorted(data, key=lambda r: (r[0], r[1], r[2])):
+        out.append(fmt % tuple(c[:w] if i < 5 else c for i, (c, w) in enumerate(zip(r, widths))))
+    return out
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"ping_mesh": ping_mesh, "preflight_report": preflight_report, "image_requirement": image_requirement,
+                "collect": collect, "preflight_gather": preflight_gather}

@@ -1,0 +1,147 @@
+# -*- coding: utf-8 -*-
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import copy
+
+from ansible_collections.npuops.ascend.plugins.filter import preflight
+from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import tier_spec
+
+REQ = {"min_driver": "25.5.0", "min_cann": "8.3.RC1"}
+IMAGE = "quay.io/ascend/vllm-ascend:v0.23.0-a3"
+
+
+def node(i, devices=16):
+    chips = [{"card": d // 2, "chip": d % 2, "logic_id": d, "phy_id": d, "health": "OK", "hbm_used_mb": 3300,
+              "hbm_total_mb": 65536} for d in range(devices)]
+    addrs = dict((str(d), "10.9.%d.%d" % (i, d + 1)) for d in range(devices))
+    return {
+        "npu": {"generation": "A3", "chip_count": devices, "card_count": 8, "chips_per_card": 2,
+                "driver_version": "25.5.1", "cann_version": None, "chips": chips, "processes": []},
+        "npu_result": {"changed": False},
+        "host_check": {"changed": False, "failed_checks": [], "hccn_addresses": addrs},
+        "hccn_check": {"changed": False, "failed_checks": [], "ping": [],
+                       "devices": [{"phy_id": d, "tls_switch": 0} for d in range(devices)]},
+    }
+
+
+def cluster(n=4):
+    return dict(("node%02d" % (i + 1), node(i)) for i in range(n))
+
+
+def report(results, **kw):
+    return preflight.preflight_report(results, tier_spec("4node_dp"), image=kw.pop("image", IMAGE),
+                                      requirements=REQ, **kw)
+
+
+def checks(rep):
+    return sorted((r["host"], r["check"], r["device"]) for r in rep["failures"])
+
+
+def test_a_healthy_cluster_is_a_go():
+    rep = report(cluster())
+    assert rep["ok"] and rep["go"] and rep["failures"] == []
+    assert rep["table"] == ["preflight: every check passed"]
+
+
+def test_node_level_findings_name_host_and_device():
+    c = cluster()
+    c["node02"]["npu"]["chips"][9]["health"] = "Alarm"
+    c["node03"]["npu"]["processes"] = [{"card": 2, "chip": 0, "pid": 77, "name": "python3", "memory_mb": 50000}]
+    c["node04"]["npu"]["driver_version"] = "24.1.rc3.7"
+    c["node01"]["npu"]["chips"][5]["hbm_used_mb"] = 40000
+    rep = report(c)
+    assert checks(rep) == [("node01", "hbm_free", 5), ("node02", "chip_health", 9), ("node03", "hbm_free", 4),
+                           ("node04", "driver", None)]
+    driver = [r for r in rep["failures"] if r["check"] == "driver"][0]
+    assert driver["observed"] == "driver 24.1.rc3.7" and "25.5.0" in driver["expected"]
+    assert not rep["go"]
+
+
+def test_module_results_become_rows():
+    c = cluster()
+    c["node02"]["host_check"]["failed_checks"] = [{"check": "shm", "observed": "/dev/shm is 64 MiB",
+                                                   "expected": "at least 16.0 GiB", "fix": "enlarge"}]
+    c["node03"]["hccn_check"]["failed_checks"] = [{"check": "link", "phy_id": 7, "observed": "link status: DOWN",
+                                                   "expected": "link status: UP", "fix": "cable"}]
+    c["node04"]["npu_result"] = {"failed": True, "msg": "npu-smi info failed: dcmi module initialize failed"}
+    c["node04"]["npu"] = None
+    c["node01"]["hccn_check"] = {"unreachable": True, "msg": "ssh: connect to host timed out"}
+    rep = report(c)
+    assert checks(rep) == [("node01", "ssh", None), ("node02", "shm", None), ("node03", "link", 7),
+                           ("node04", "npu_facts", None)]
+    assert "dcmi" in [r for r in rep["failures"] if r["host"] == "node04"][0]["observed"]
+
+
+def test_cluster_rules_tls_and_unique_addresses():
+    c = cluster()
+    c["node03"]["hccn_check"]["devices"][7]["tls_switch"] = 1
+    c["node04"]["host_check"]["hccn_addresses"]["2"] = "10.9.0.3"  # node01 device 2's address
+    rep = report(c)
+    assert checks(rep) == [("node03", "tls", 7), ("node04", "hccn_unique", 2)]
+    tls = [r for r in rep["failures"] if r["check"] == "tls"][0]
+    assert tls["observed"] == "tls switch 1" and "as on the other 63 devices" in tls["expected"]
+
+
+def test_a_cut_between_two_nodes_is_one_fabric_row_per_side_and_other_ping_failures_stay():
+    c = cluster()
+    c["node02"]["hccn_check"]["ping"] = [{"phy_id": d, "target": "10.9.3.%d" % (d + 1), "ok": False}
+                                         for d in range(16)] + [{"phy_id": 0, "target": "10.9.0.1", "ok": True}]
+    c["node02"]["hccn_check"]["failed_checks"] = [
+        {"check": "ping", "phy_id": d, "observed": "ping to 10.9.3.%d: 0/3 received" % (d + 1),
+         "expected": "0% loss", "fix": "x"} for d in range(16)]
+    c["node01"]["hccn_check"]["ping"] = [{"phy_id": 3, "target": "10.9.2.4", "ok": False},
+                                         {"phy_id": 4, "target": "10.9.2.5", "ok": True}]
+    c["node01"]["hccn_check"]["failed_checks"] = [{"check": "ping", "phy_id": 3, "observed": "ping to 10.9.2.4: "
+                                                   "0/3 received", "expected": "0% loss", "fix": "x"}]
+    rep = report(c)
+    assert checks(rep) == [("node01", "ping", 3), ("node02", "fabric", None)]
+    fabric = [r for r in rep["failures"] if r["check"] == "fabric"][0]
+    assert fabric["observed"].startswith("all 16 pings from node02 to node04 failed")
+    ping = [r for r in rep["failures"] if r["check"] == "ping"][0]
+    assert ping["observed"].endswith("(node03 device 3)")
+
+
+def test_tier_and_image_must_match_the_hardware():
+    c = cluster(4)
+    c["node01"]["npu"].update(generation="A2", chip_count=8)
+    rep = report(c, image="quay.io/ascend/vllm-ascend:v0.23.0")
+    found = checks(rep)
+    assert ("node01", "chips", None) in found
+    assert ("node02", "image", None) in found  # an A2 image on A3 nodes
+    assert ("node01", "image", None) not in found
+
+
+def test_capacity_errors_fail_and_warnings_do_not():
+    cap = {"main": {"errors": ["weights need 187.5 GiB per die"], "warnings": []}}
+    rep = report(cluster(), capacity=cap, plan={"instances": {"main": {"leader": "node01"}}})
+    assert checks(rep) == [("node01", "capacity", None)]
+    warn = {"main": {"errors": [], "warnings": ["at full length only 2 sequences run"]}}
+    rep = report(cluster(), capacity=warn)
+    assert rep["go"] and rep["warnings"][0]["severity"] == "warning"
+
+
+def test_not_strict_reports_but_goes():
+    c = cluster()
+    c["node02"]["npu"]["chips"][0]["health"] = "Warning"
+    rep = report(c, strict=False)
+    assert not rep["ok"] and rep["go"]
+
+
+def test_ping_mesh_modes():
+    addrs = dict(("n%d" % i, dict((str(d), "10.%d.0.%d" % (i, d)) for d in range(16))) for i in range(6))
+    sample = preflight.ping_mesh(copy.deepcopy(addrs), "auto")
+    assert all(len(v) == 16 for v in sample.values())  # 6 nodes: the covering sample
+    small = dict(list(addrs.items())[:4])
+    full = preflight.ping_mesh(small, "auto")
+    assert all(len(v) == 48 for v in full.values())  # 4 nodes: full mesh, 3 peers per device
+
+
+def test_image_requirement_by_tag():
+    reqs = [{"tag_pattern": r"^v0\.(2[0-9])", "min_driver": "25.5.0"}, {"tag_pattern": ".*", "min_driver": "25.0.0"}]
+    assert preflight.image_requirement("quay.io/ascend/vllm-ascend:v0.23.0-a3", reqs)["min_driver"] == "25.5.0"
+    assert preflight.image_requirement("quay.io/ascend/vllm-ascend:v0.13.0", reqs)["min_driver"] == "25.0.0"
+    assert preflight.image_requirement("registry:5000/vllm-ascend:v0.23.0@sha256:ab", reqs)["tag"] == "v0.23.0"
+    assert preflight.image_generation("m.daocloud.io/quay.io/ascend/vllm-ascend:v0.23.0-a3-openeuler") == "A3"
+    assert preflight.image_generation("quay.io/ascend/vllm-ascend:v0.23.0-openeuler") == "A2"

@@ -1,0 +1,59 @@
+"""playbooks/preflight.yml on the simulated cluster: healthy clusters pass; a fault fails it, named."""
+import json
+
+import pytest
+
+from npuops_sim.testing import BIN, bring_up, run, sim
+
+pytestmark = pytest.mark.sim
+
+
+def preflight(cluster, tmp_path, *extra):
+    proc = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/preflight.yml",
+                "-e", "npuops_reports_dir=%s" % tmp_path] + list(extra), check=False, timeout=600)
+    report = json.loads((tmp_path / "preflight.json").read_text())
+    return proc, report
+
+
+def test_healthy_4_nodes_pass_and_the_report_is_written(cluster4, tmp_path):
+    proc, report = preflight(cluster4, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert report["ok"] and report["go"] and report["failures"] == []
+    assert report["hosts"] == ["node01", "node02", "node03", "node04"]
+    assert report["plan"]["hosts"]["node02"]["reach"][0]["port"] == 13389
+    assert report["capacity"]["main"]["errors"] == []
+
+
+def test_a_fault_fails_the_play_with_one_table_and_strict_false_only_reports(cluster4, tmp_path):
+    sim("fault", "--node", "3", "--fault", "chip_alarm", "--device", "9")
+    sim("fault", "--node", "2", "--fault", "no_shm")
+    try:
+        proc, report = preflight(cluster4, tmp_path)
+        assert proc.returncode != 0
+        assert "Preflight: 2 check(s) failed on node02, node03" in proc.stdout
+        assert [(f["host"], f["check"], f["device"]) for f in report["failures"]] == [
+            ("node02", "shm", None), ("node03", "chip_health", 9)]
+        lenient, report = preflight(cluster4, tmp_path, "-e", '{"npuops_preflight_strict": false}')
+        assert lenient.returncode == 0 and not report["ok"] and report["go"]
+    finally:
+        sim("fault", "--node", "3", "--fault", "clear")
+        sim("fault", "--node", "2", "--fault", "clear")
+
+
+def test_no_secret_in_the_output(cluster4, tmp_path):
+    proc, _report = preflight(cluster4, tmp_path, "-vvv")
+    assert proc.returncode == 0
+    # the reach-check token is no_log: it never appears, the mask does
+    assert "npuops_preflight_token" not in proc.stdout or "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER" in proc.stdout
+    tokens = [line for line in proc.stdout.splitlines() if '"token":' in line and "VALUE_SPECIFIED" not in line]
+    assert tokens == []
+
+
+def test_healthy_16_nodes_pass(tmp_path_factory, tmp_path):
+    c = bring_up(tmp_path_factory, 16)
+    try:
+        proc, report = preflight(c, tmp_path)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert len(report["hosts"]) == 16 and report["ok"]
+    finally:
+        sim("down")
