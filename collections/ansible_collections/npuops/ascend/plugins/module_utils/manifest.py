@@ -1,0 +1,267 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Weight manifests: what a model directory holds, with checksums, recorded once at the seed.
+
+A manifest is ``{"version", "piece_size", "files": {relpath: {size, mtime_ns, sha256, pieces}}}``:
+``sha256`` is the file's digest (what publishers list), ``pieces`` the CRC32 of each ``piece_size``
+slice, so a peer can check and pass on a piece while the rest of the file is still arriving; the
+file's sha256 is checked end to end on every node. An entry is reused while the file's size and mtime
+match, so recording it again costs a ``stat`` per file. Standard library only: this runs on the nodes.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import hashlib
+import json
+import os
+import struct
+import threading
+import time
+import zlib
+
+VERSION = 1
+PIECE_SIZE = 16 * 1024 * 1024
+CHUNK = 4 * 1024 * 1024
+STATE_DIR = ".npuops"
+MANIFEST_NAME = "manifest.json"
+MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+
+
+class ManifestError(Exception):
+    pass
+
+
+def state_dir(root):
+    return os.path.join(root, STATE_DIR)
+
+
+def default_manifest_path(root):
+    return os.path.join(state_dir(root), MANIFEST_NAME)
+
+
+def walk(root):
+    """Relative paths of the regular files under root, sorted; skips our state dir, partial downloads and
+    anything that is a symlink (a symlink could point outside the model directory)."""
+    out = []
+    root = os.path.abspath(root)
+    for base, dirs, files in os.walk(root, followlinks=False):
+        rel_base = os.path.relpath(base, root)
+        dirs[:] = sorted(d for d in dirs if not (rel_base == "." and d == STATE_DIR)
+                         and not os.path.islink(os.path.join(base, d)))
+        for name in sorted(files):
+            full = os.path.join(base, name)
+            if name.endswith(".part") or os.path.islink(full) or not os.path.isfile(full):
+                continue
+            out.append(os.path.normpath(os.path.join(rel_base, name)) if rel_base != "." else name)
+    return out
+
+
+def hash_file(path, piece_size=PIECE_SIZE, chunk=CHUNK):
+    """-> (size, sha256 hex, [crc32 per piece]) in one read pass."""
+    sha = hashlib.sha256()
+    pieces = []
+    size = 0
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    crc = 0
+    in_piece = 0
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            want = min(chunk, piece_size - in_piece)
+            n = f.readinto(view[:want])
+            if not n:
+                break
+            data = view[:n]
+            sha.update(data)
+            crc = zlib.crc32(data, crc)
+            in_piece += n
+            size += n
+            if in_piece == piece_size:
+                pieces.append(crc & 0xFFFFFFFF)
+                crc, in_piece = 0, 0
+    if in_piece or not pieces:
+        pieces.append(crc & 0xFFFFFFFF)
+    return size, sha.hexdigest(), pieces
+
+
+def check_safetensors(path, size=None):
+    """Structural check of a .safetensors file: 8-byte little-endian header length, a JSON header, and
+    tensor offsets that end exactly at the end of the file (a truncated copy fails this instantly)."""
+    size = os.path.getsize(path) if size is None else size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return "%d bytes: too short for a safetensors header" % size
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_SAFETENSORS_HEADER or 8 + n > size:
+            return "header length %d does not fit in a %d-byte file" % (n, size)
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            return "header is not JSON (%s)" % e
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, stop = info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            return "tensor %s has no data_offsets" % name
+        if not 0 <= begin <= stop:
+            return "tensor %s has offsets %s" % (name, info["data_offsets"])
+        end = max(end, stop)
+    if 8 + n + end != size:
+        return "header says the file holds %d bytes, it has %d (truncated or padded)" % (8 + n + end, size)
+    return None
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (IOError, OSError):
+        return None
+    except ValueError as e:
+        raise ManifestError("%s is not valid JSON: %s" % (path, e))
+    if not isinstance(data, dict) or data.get("version") != VERSION or "files" not in data:
+        raise ManifestError("%s is not an npuops manifest (version %s)" % (path, VERSION))
+    return data
+
+
+def save(path, data):
+    d = os.path.dirname(path)
+    if not os.path.isdir(d):
+        os.makedirs(d)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, sort_keys=True, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+
+
+def build(root, previous=None, piece_size=PIECE_SIZE, parallel=4):
+    """Manifest of `root`, re-hashing only files whose (size, mtime) changed since `previous`.
+
+    -> (manifest, stats) with stats {hashed, reused, bytes_hashed, seconds, safetensors_errors}.
+    """
+    t0 = time.time()
+    old = (previous or {}).get("files", {}) if (previous or {}).get("piece_size") == piece_size else {}
+    entries = {}
+    todo = []
+    errors = {}
+    for rel in walk(root):
+        st = os.stat(os.path.join(root, rel))
+        prior = old.get(rel)
+        if prior and prior.get("size") == st.st_size and prior.get("mtime_ns") == st.st_mtime_ns:
+            entries[rel] = prior
+        else:
+            todo.append((rel, st))
+    lock = threading.Lock()
+    queue = list(todo)
+    failures = []
+
+    def worker():
+        while True:
+            with lock:
+                if not queue:
+                    return
+                rel, st = queue.pop(0)
+            full = os.path.join(root, rel)
+            try:
+                if rel.endswith(".safetensors"):
+                    problem = check_safetensors(full, st.st_size)
+                    if problem:
+                        with lock:
+                            errors[rel] = problem
+                size, digest, pieces = hash_file(full, piece_size)
+            except (IOError, OSError) as e:
+                with lock:
+                    failures.append("%s: %s" % (rel, e))
+                continue
+            with lock:
+                entries[rel] = {"size": size, "mtime_ns": st.st_mtime_ns, "sha256": digest, "pieces": pieces}
+
+    threads = [threading.Thread(target=worker) for _ in range(max(1, min(parallel, len(todo))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise ManifestError("could not read: %s" % "; ".join(failures[:5]))
+    # safetensors headers of reused entries are checked again: cheap, and it catches a file truncated in place
+    for rel in entries:
+        if rel.endswith(".safetensors") and rel not in errors:
+            problem = check_safetensors(os.path.join(root, rel))
+            if problem:
+                errors[rel] = problem
+    manifest = {"version": VERSION, "piece_size": piece_size, "files": dict(sorted(entries.items()))}
+    stats = {"hashed": len(todo), "reused": len(entries) - len(todo),
+             "bytes_hashed": sum(st.st_size for _rel, st in todo), "seconds": round(time.time() - t0, 3),
+             "safetensors_errors": errors}
+    return manifest, stats
+
+
+def total_bytes(manifest):
+    return sum(e["size"] for e in manifest["files"].values())
+
+
+def compare_publisher(manifest, publisher):
+    """Files whose sha256 differs from the publisher's list, or that it lists and we lack.
+
+    `publisher`: {relpath: sha256} or {relpath: {"sha256": ...}} (ModelScope / Hugging Face per-file
+    digests, or a converted msprechecker dump). -> [{file, ours, theirs}]
+    """
+    out = []
+    for rel, want in sorted(publisher.items()):
+        theirs = want.get("sha256") if isinstance(want, dict) else want
+        if not theirs:
+            continue
+        ours = manifest["files"].get(rel, {}).get("sha256")
+        if ours != str(theirs).lower():
+            out.append({"file": rel, "ours": ours, "theirs": str(theirs).lower()})
+    return out
+
+
+def publisher_listing(source, listing):
+    """The publisher's per-file sha256 from its API listing -> {relpath: sha256}.
+
+    huggingface: /api/models/<repo>/tree/<revision>?recursive=1 (a list; LFS files carry lfs.oid = sha256).
+    modelscope: /api/v1/models/<repo>/repo/files?Revision=<rev>&Recursive=true (Data.Files[].Sha256).
+    Files the publisher gives no sha256 for (small non-LFS files on Hugging Face) are left out.
+    """
+    out = {}
+    if source == "huggingface":
+        for item in listing or []:
+            lfs = item.get("lfs") or {}
+            if item.get("type") == "file" and lfs.get("oid"):
+                out[item["path"]] = lfs["oid"]
+    elif source == "modelscope":
+        for item in ((listing or {}).get("Data") or {}).get("Files") or []:
+            if item.get("Type") == "blob" and item.get("Sha256"):
+                out[item["Path"]] = item["Sha256"]
+    else:
+        raise ManifestError("unknown weights source %r (modelscope or huggingface)" % source)
+    return out
+
+
+def download_argv(source, repo, revision, dest):
+    """The vendor CLI that downloads `repo` at a pinned `revision` into `dest`."""
+    if not revision:
+        raise ManifestError("pin the revision (a commit id or tag) of %s: a moving branch cannot be verified" % repo)
+    if source == "huggingface":
+        return ["hf", "download", repo, "--revision", revision, "--local-dir", dest]
+    if source == "modelscope":
+        return ["modelscope", "download", "--model", repo, "--revision", revision, "--local_dir", dest]
+    raise ManifestError("unknown weights source %r (modelscope or huggingface)" % source)
+
+
+def listing_url(source, repo, revision):
+    if source == "huggingface":
+        return "https://huggingface.co/api/models/%s/tree/%s?recursive=1" % (repo, revision)
+    if source == "modelscope":
+        return "https://modelscope.cn/api/v1/models/%s/repo/files?Revision=%s&Recursive=true" % (repo, revision)
+    raise ManifestError("unknown weights source %r (modelscope or huggingface)" % source)

@@ -1,0 +1,657 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Peer-to-peer weight transfer: a read-only HTTP/1.1 server and the client that pulls from it.
+
+Server: serves a model directory's manifest and only the files it lists, to requests that carry the
+run's token; Range requests; the body goes out with sendfile (no copy through Python). It also serves a
+file that is still arriving on this node, piece by piece as pieces are checked, which is what lets the
+nodes form a pipelined chain (seed -> n1 -> n2 ...) where 1->N costs about one copy. It exits after an
+idle timeout. This file is self-contained (standard library only) because weight_serve runs it as its own
+process: ``python3 transfer.py serve --root ... --bind ... --port ... --token-file ...``.
+
+Client: fetches the manifest, skips files already verified, fetches the rest several at a time into
+``<file>.part`` — each piece's CRC32 checked on arrival, the file's sha256 computed inline — then fsyncs
+and renames. A killed copy resumes from its last checked piece. A bad file is fetched again once (from
+the next peer when there is one), then the copy fails naming the file and both digests.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import errno
+import hashlib
+import hmac
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import zlib
+
+try:  # Python 3
+    import http.client as httplib
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from socketserver import ThreadingMixIn
+    from urllib.parse import quote, unquote, urlparse
+except ImportError:  # pragma: no cover - Python 2 is not supported on the nodes
+    httplib = BaseHTTPRequestHandler = HTTPServer = ThreadingMixIn = quote = unquote = urlparse = None
+
+STATE_DIR = ".npuops"
+CHUNK = 4 * 1024 * 1024
+PROGRESS_SUFFIX = ".part.progress"
+
+
+class TransferError(Exception):
+    """A copy that cannot go on; the message names the file and what to do."""
+
+
+class ChecksumError(TransferError):
+    pass
+
+
+class DiskFullError(TransferError):
+    pass
+
+
+def manifest_path(root):
+    return os.path.join(root, STATE_DIR, "manifest.json")
+
+
+def read_progress(final_path):
+    try:
+        with open(final_path + PROGRESS_SUFFIX) as f:
+            return int(f.read().strip() or 0)
+    except (IOError, OSError, ValueError):
+        return 0
+
+
+def write_progress(final_path, pieces):
+    tmp = final_path + PROGRESS_SUFFIX + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(str(pieces))
+    os.rename(tmp, final_path + PROGRESS_SUFFIX)
+
+
+# --------------------------------------------------------------------------------------------- server
+
+class _Server(ThreadingMixIn, HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class WeightServer(object):
+    """Serves `root` on bind:port to clients with `token` (see module docstring)."""
+
+    def __init__(self, root, bind, port, token, idle_timeout=600, wait_timeout=300, log=None):
+        self.root = os.path.realpath(root)
+        self.token = token.encode("utf-8")
+        self.idle_timeout = idle_timeout
+        self.wait_timeout = wait_timeout
+        self.log_file = log
+        self.active = 0
+        self.last = time.time()
+        self.lock = threading.Lock()
+        self._manifest = (None, None)
+        handler = self._handler()
+        self.httpd = _Server((bind, port), handler)
+        self.port = self.httpd.server_address[1]
+
+    def log(self, line):
+        if self.log_file:
+            self.log_file.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), line))
+            self.log_file.flush()
+
+    def manifest(self):
+        """The manifest, reloaded when its file changes (a relaying node writes it once it has it)."""
+        path = manifest_path(self.root)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None, None
+        key = (st.st_mtime_ns, st.st_size)
+        if self._manifest[0] != key:
+            with open(path, "rb") as f:
+                raw = f.read()
+            self._manifest = (key, (json.loads(raw.decode("utf-8")), raw))
+        return self._manifest[1]
+
+    def touch(self, delta=0):
+        with self.lock:
+            self.active += delta
+            self.last = time.time()
+
+    def idle_watch(self):
+        while True:
+            time.sleep(min(5.0, max(0.2, self.idle_timeout / 4.0)))
+            with self.lock:
+                idle = self.active == 0 and time.time() - self.last > self.idle_timeout
+            if idle:
+                self.log("idle for %ss: stopping" % self.idle_timeout)
+                self.httpd.shutdown()
+                return
+
+    def serve_forever(self):
+        watcher = threading.Thread(target=self.idle_watch)
+        watcher.daemon = True
+        watcher.start()
+        self.httpd.serve_forever(poll_interval=0.2)
+        self.httpd.server_close()
+
+    def locate(self, rel, entry, start, end):
+        """(path, available) of a servable copy of `rel` covering [start, end], waiting for pieces still
+        arriving; (None, reason) when it does not come within wait_timeout."""
+        final = os.path.join(self.root, rel)
+        real = os.path.realpath(final)
+        if not real.startswith(self.root + os.sep) or real != os.path.abspath(final):
+            return None, "outside the model directory"
+        deadline = time.time() + self.wait_timeout
+        piece = self.manifest()[0].get("piece_size") or 1
+        while True:
+            try:
+                if os.path.getsize(final) == entry["size"] and not os.path.islink(final):
+                    return final, entry["size"]
+            except OSError:
+                pass
+            part = final + ".part"
+            available = min(read_progress(final) * piece, entry["size"])
+            if available > end and os.path.exists(part):
+                return part, available
+            if time.time() > deadline:
+                return None, "not here yet"
+            self.touch()
+            time.sleep(0.05)
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            server_version = "npuops-weights/1"
+
+            def log_message(self, fmt, *args):  # silence the default stderr log; we log without headers
+                pass
+
+            def reply(self, code, body=b"", ctype="text/plain", extra=None):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in (extra or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                if body:
+                    self.wfile.write(body)
+
+            def do_GET(self):
+                server.touch(+1)
+                try:
+                    self.handle_get()
+                except (socket.error, OSError):
+                    self.close_connection = True
+                finally:
+                    server.touch(-1)
+
+            def handle_get(self):
+                auth = self.headers.get("Authorization") or ""
+                peer = self.client_address[0]
+                if not auth.startswith("Bearer "):
+                    server.log("401 %s from %s (no token)" % (self.path[:200], peer))
+                    return self.reply(401, b"token required\n", extra={"WWW-Authenticate": "Bearer"})
+                if not hmac.compare_digest(auth[7:].strip().encode("utf-8"), server.token):
+                    server.log("403 %s from %s (wrong token)" % (self.path[:200], peer))
+                    return self.reply(403, b"wrong token\n")
+                manifest, raw = server.manifest()
+                if self.path == "/manifest":
+                    if manifest is None:
+                        return self.reply(503, b"no manifest yet\n", extra={"Retry-After": "1"})
+                    return self.reply(200, raw, "application/json")
+                if not self.path.startswith("/files/") or manifest is None:
+                    return self.reply(404, b"not found\n")
+                rel = unquote(self.path[len("/files/"):])
+                entry = manifest["files"].get(rel)
+                if entry is None or rel.startswith("/") or ".." in rel.split("/"):
+                    server.log("404 %s from %s (not in the manifest)" % (self.path[:200], peer))
+                    return self.reply(404, b"not in the manifest\n")
+                size = entry["size"]
+                start, end = 0, size - 1
+                rng = self.headers.get("Range")
+                if rng:
+                    try:
+                        unit, _sep, spec = rng.partition("=")
+                        first, _dash, last = spec.partition("-")
+                        start = int(first)
+                        end = min(int(last), size - 1) if last else size - 1
+                        if unit.strip() != "bytes" or start > end or start >= size:
+                            raise ValueError(rng)
+                    except ValueError:
+                        return self.reply(416, b"bad range\n", extra={"Content-Range": "bytes */%d" % size})
+                path, available = server.locate(rel, entry, start, end)
+                if path is None:
+                    code = 404 if available == "outside the model directory" else 503
+                    server.log("%d %s from %s (%s)" % (code, rel, peer, available))
+                    return self.reply(code, (available + "\n").encode(), extra={"Retry-After": "1"})
+                count = end - start + 1
+                with open(path, "rb") as f:
+                    self.send_response(206 if rng else 200)
+                    self.send_header("Content-Type", "application/octet-stream")
+                    self.send_header("Content-Length", str(count))
+                    if rng:
+                        self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
+                    self.end_headers()
+                    self.wfile.flush()
+                    sent = self.connection.sendfile(f, start, count)
+                    if sent != count:
+                        self.close_connection = True
+
+        return Handler
+
+
+def serve_main(argv):
+    """python3 transfer.py serve --root R --bind A --port P --token-file F [--idle-timeout S] [--log L]"""
+    args = dict(zip(argv[::2], argv[1::2]))
+    with open(args["--token-file"]) as f:
+        token = f.read().strip()
+    os.unlink(args["--token-file"])  # the secret lives only in this process from here on
+    log = open(args["--log"], "a") if args.get("--log") else None
+    srv = WeightServer(args["--root"], args["--bind"], int(args["--port"]), token,
+                       idle_timeout=float(args.get("--idle-timeout", 600)), log=log)
+    srv.log("serving %s on %s:%d" % (srv.root, args["--bind"], srv.port))
+    sys.stdout.write("ready %d\n" % srv.port)
+    sys.stdout.flush()
+    os.close(1)
+    srv.serve_forever()
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- client
+
+class Source(object):
+    """One upstream peer, with a keep-alive connection per thread."""
+
+    def __init__(self, url, token, timeout=60):
+        u = urlparse(url)
+        if u.scheme != "http" or not u.hostname:
+            raise TransferError("src_url %r: expected http://host:port" % url)
+        self.url, self.host, self.port = url, u.hostname, u.port or 80
+        self.headers = {"Authorization": "Bearer " + token}
+        self.timeout = timeout
+        self.local = threading.local()
+
+    def conn(self):
+        c = getattr(self.local, "conn", None)
+        if c is None:
+            c = httplib.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            self.local.conn = c
+        return c
+
+    def reset(self):
+        c = getattr(self.local, "conn", None)
+        if c is not None:
+            c.close()
+        self.local.conn = None
+
+    def get(self, path, rng=None):
+        headers = dict(self.headers)
+        if rng:
+            headers["Range"] = "bytes=%d-%d" % rng
+        try:
+            conn = self.conn()
+            conn.request("GET", path, headers=headers)
+            return conn.getresponse()
+        except (socket.error, OSError, httplib.HTTPException):
+            self.reset()
+            raise
+
+    def __str__(self):
+        return self.url
+
+
+def fetch_manifest(sources, deadline):
+    last = None
+    while True:
+        for src in sources:
+            try:
+                resp = src.get("/manifest")
+                body = resp.read()
+                if resp.status == 200:
+                    return json.loads(body.decode("utf-8")), src
+                if resp.status in (401, 403):
+                    raise TransferError("%s refused the token (%d): the servers were started with another token "
+                                        "(a different run?)" % (src, resp.status))
+                last = "%s answered %d" % (src, resp.status)
+            except (socket.error, OSError, httplib.HTTPException, ValueError) as e:
+                last = "%s: %s" % (src, e)
+        if time.time() > deadline:
+            raise TransferError("no peer served the manifest (%s)" % last)
+        time.sleep(0.5)
+
+
+class Progress(object):
+    def __init__(self, path, files_total, bytes_total):
+        self.path = path
+        self.files_total, self.bytes_total = files_total, bytes_total
+        self.files_done = 0
+        self.bytes_done = 0
+        self.bytes_fetched = 0
+        self.start = time.time()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def add(self, fetched=0, done_bytes=0, files=0):
+        with self.lock:
+            self.bytes_fetched += fetched
+            self.bytes_done += done_bytes
+            self.files_done += files
+
+    def snapshot(self, state="running"):
+        with self.lock:
+            secs = max(time.time() - self.start, 1e-6)
+            rate = self.bytes_fetched / secs
+            left = max(self.bytes_total - self.bytes_done, 0)
+            return {"state": state, "files_total": self.files_total, "files_done": self.files_done,
+                    "bytes_total": self.bytes_total, "bytes_done": self.bytes_done,
+                    "bytes_fetched": self.bytes_fetched, "mb_per_s": round(rate / 1e6, 1),
+                    "eta_s": round(left / rate) if rate > 0 else None, "seconds": round(secs, 1),
+                    "updated": time.time()}
+
+    def write(self, state="running"):
+        if not self.path:
+            return
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.snapshot(state), f)
+        os.rename(tmp, self.path)
+
+    def run(self, every=2.0):
+        while not self.stop.wait(every):
+            self.write()
+
+
+def _verified_cache(dest):
+    path = os.path.join(dest, STATE_DIR, "verified.json")
+    try:
+        with open(path) as f:
+            return path, json.load(f)
+    except (IOError, OSError, ValueError):
+        return path, {}
+
+
+def _save_json(path, data):
+    d = os.path.dirname(path)
+    if not os.path.isdir(d):
+        os.makedirs(d)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, sort_keys=True)
+    os.rename(tmp, path)
+
+
+def sha256_of(path, chunk=CHUNK):
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                return h.hexdigest()
+            h.update(b)
+
+
+def plan(manifest, dest, verify="fast"):
+    """Which files are already here and verified, which must be fetched. -> (verified, to_fetch, cache)."""
+    cache_path, cache = _verified_cache(dest)
+    verified, todo = [], []
+    for rel, entry in sorted(manifest["files"].items()):
+        final = os.path.join(dest, rel)
+        try:
+            st = os.stat(final)
+        except OSError:
+            todo.append(rel)
+            continue
+        known = cache.get(rel) or {}
+        if st.st_size == entry["size"] and verify == "fast" and known.get("sha256") == entry["sha256"] and \
+                known.get("size") == st.st_size and known.get("mtime_ns") == st.st_mtime_ns:
+            verified.append(rel)
+            continue
+        if st.st_size == entry["size"] and sha256_of(final) == entry["sha256"]:
+            cache[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": entry["sha256"]}
+            verified.append(rel)
+            continue
+        todo.append(rel)
+    return verified, todo, (cache_path, cache)
+
+
+class Copier(object):
+    """Fetches files from `sources` (in order of preference) into `dest`."""
+
+    def __init__(self, sources, dest, manifest, progress, stall_timeout=300):
+        self.sources = sources
+        self.dest = dest
+        self.manifest = manifest
+        self.piece = int(manifest["piece_size"])
+        self.progress = progress
+        self.stall_timeout = stall_timeout
+        self.resumed_bytes = 0
+        self.lock = threading.Lock()
+
+    def _read_piece(self, rel, entry, index, into):
+        """One piece from the first source that has it; waits while upstream is still receiving it."""
+        start = index * self.piece
+        end = min(start + self.piece, entry["size"]) - 1
+        want = end - start + 1
+        deadline = time.time() + self.stall_timeout
+        last = None
+        order = list(self.sources)
+        while True:
+            for src in order:
+                try:
+                    resp = src.get("/files/" + quote(rel), (start, end))
+                    if resp.status == 503:
+                        resp.read()
+                        last = "%s does not have it yet" % src
+                        continue
+                    if resp.status not in (200, 206):
+                        body = resp.read()[:200]
+                        if resp.status in (401, 403):
+                            raise TransferError("%s refused the token (%d) for %s" % (src, resp.status, rel))
+                        last = "%s answered %d %r" % (src, resp.status, body)
+                        continue
+                    got = 0
+                    view = memoryview(into)
+                    while got < want:
+                        n = resp.readinto(view[got:want])
+                        if not n:
+                            break
+                        got += n
+                    if got != want:
+                        src.reset()
+                        last = "%s sent %d of %d bytes" % (src, got, want)
+                        continue
+                    return view[:want], src
+                except (socket.error, OSError, httplib.HTTPException) as e:
+                    if isinstance(e, OSError) and getattr(e, "errno", None) == errno.ENOSPC:
+                        raise
+                    last = "%s: %s" % (src, e)
+                    # prefer the others next time: this one may be gone (the chain routes around it)
+                    order = [s for s in order if s is not src] + [src]
+            if time.time() > deadline:
+                raise TransferError("%s piece %d: no peer delivered it within %ds (%s)" % (
+                    rel, index, self.stall_timeout, last))
+            time.sleep(0.2)
+
+    def _resume(self, final, entry, sha, fd):
+        """Keep the checked prefix of an existing .part; -> pieces already done (sha fed with them)."""
+        pieces = entry["pieces"]
+        size = os.fstat(fd).st_size
+        ok = 0
+        for i in range(min(read_progress(final), len(pieces))):
+            offset = i * self.piece
+            length = min(self.piece, entry["size"] - offset)
+            if offset + length > size:
+                break
+            data = os.pread(fd, length, offset)
+            if len(data) != length or (zlib.crc32(data) & 0xFFFFFFFF) != pieces[i]:
+                break
+            sha.update(data)
+            ok = i + 1
+        os.ftruncate(fd, min(ok * self.piece, entry["size"]))
+        return ok
+
+    def _write_piece(self, fd, data, offset):
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], offset + written)
+
+    def _disk_full(self, rel, entry, final):
+        for leftover in (final + ".part", final + PROGRESS_SUFFIX):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+        st = os.statvfs(self.dest)
+        return DiskFullError("disk full while writing %s (%d bytes free under %s, the file needs %d); nothing "
+                             "was renamed into place" % (rel, st.f_bavail * st.f_frsize, self.dest, entry["size"]))
+
+    def fetch(self, rel):
+        """Fetch one file into place; -> its stat. A bad file is fetched again once, from scratch."""
+        entry = self.manifest["files"][rel]
+        final = os.path.join(self.dest, rel)
+        parent = os.path.dirname(final)
+        if not os.path.isdir(parent):
+            os.makedirs(parent)
+        buf = bytearray(self.piece)
+        for attempt in (1, 2):
+            sha = hashlib.sha256()
+            counted = 0
+            fd = os.open(final + ".part", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if attempt == 1:
+                    start = self._resume(final, entry, sha, fd)
+                    counted = min(start * self.piece, entry["size"])
+                    with self.lock:
+                        self.resumed_bytes += counted
+                    self.progress.add(done_bytes=counted)
+                else:
+                    os.ftruncate(fd, 0)
+                    write_progress(final, 0)
+                    start = 0
+                for index in range(start, len(entry["pieces"])):
+                    data = None
+                    for _ask in (1, 2):
+                        data, src = self._read_piece(rel, entry, index, buf)
+                        if (zlib.crc32(data) & 0xFFFFFFFF) == entry["pieces"][index]:
+                            break
+                        # a corrupt piece: ask again, another peer first
+                        self.sources = [s for s in self.sources if s is not src] + [src]
+                        data = None
+                    if data is None:
+                        raise ChecksumError("%s: piece %d failed its CRC32 twice; the peers' copies differ from "
+                                            "the seed's manifest" % (rel, index))
+                    sha.update(data)
+                    self._write_piece(fd, data, index * self.piece)
+                    write_progress(final, index + 1)
+                    counted += len(data)
+                    self.progress.add(fetched=len(data), done_bytes=len(data))
+                os.fsync(fd)
+            except OSError as e:
+                if e.errno == errno.ENOSPC:
+                    os.close(fd)
+                    fd = None
+                    raise self._disk_full(rel, entry, final)
+                raise
+            finally:
+                if fd is not None:
+                    os.close(fd)
+            digest = sha.hexdigest()
+            if digest == entry["sha256"]:
+                os.rename(final + ".part", final)
+                if os.path.exists(final + PROGRESS_SUFFIX):
+                    os.unlink(final + PROGRESS_SUFFIX)
+                dfd = os.open(parent, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+                self.progress.add(files=1)
+                return os.stat(final)
+            self.progress.add(done_bytes=-counted)
+            if attempt == 2:
+                raise ChecksumError("%s: sha256 %s does not match the manifest's %s after fetching it twice; the "
+                                    "source copy changed since the manifest was recorded (record it again) or "
+                                    "is corrupt" % (rel, digest, entry["sha256"]))
+            self.sources = self.sources[1:] + self.sources[:1]
+        raise TransferError("unreachable")
+
+
+def sync(src_urls, token, dest, manifest=None, parallel=4, verify="fast", check_only=False, stall_timeout=300,
+         manifest_timeout=60):
+    """Make `dest` a verified copy of the peers' model directory. -> result dict (see weight_sync RETURN)."""
+    t0 = time.time()
+    sources = [Source(u, token) for u in src_urls]
+    if manifest is None:
+        if not sources:
+            raise TransferError("give src_url (peers to pull from) or a manifest")
+        manifest, _src = fetch_manifest(sources, time.time() + manifest_timeout)
+    for rel in manifest["files"]:
+        if rel.startswith("/") or ".." in rel.split("/"):
+            raise TransferError("the manifest lists %r, which is not a path inside the model directory" % rel)
+    verified, todo, (cache_path, cache) = plan(manifest, dest, verify)
+    need = sum(manifest["files"][r]["size"] for r in todo)
+    result = {"files_total": len(manifest["files"]), "files_verified": len(verified), "files_to_fetch": todo,
+              "bytes_to_fetch": need, "changed": bool(todo)}
+    if check_only or not todo:
+        if cache and not check_only:
+            _save_json(cache_path, cache)
+        result.update(files_fetched=0, bytes_fetched=0, seconds=round(time.time() - t0, 3), mb_per_s=0.0)
+        return result
+    if not sources:
+        raise TransferError("%d files must be fetched but no src_url was given" % len(todo))
+    _save_json(os.path.join(dest, STATE_DIR, "manifest.json"), manifest)  # our own server can relay now
+    progress = Progress(os.path.join(dest, STATE_DIR, "sync-progress.json"), len(manifest["files"]),
+                        sum(e["size"] for e in manifest["files"].values()))
+    progress.add(done_bytes=sum(manifest["files"][r]["size"] for r in verified), files=len(verified))
+    reporter = threading.Thread(target=progress.run)
+    reporter.daemon = True
+    reporter.start()
+    copier = Copier(sources, dest, manifest, progress, stall_timeout=stall_timeout)
+    queue = list(todo)
+    errors = []
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                if not queue or errors:
+                    return
+                rel = queue.pop(0)
+            try:
+                st = copier.fetch(rel)
+                with lock:
+                    cache[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                  "sha256": manifest["files"][rel]["sha256"]}
+            except Exception as e:  # pylint: disable=broad-except
+                with lock:
+                    errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(max(1, min(parallel, len(todo))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    progress.stop.set()
+    _save_json(cache_path, cache)
+    progress.write("failed" if errors else "done")
+    if errors:
+        raise errors[0]
+    secs = time.time() - t0
+    fetched = progress.bytes_fetched
+    result.update(files_fetched=len(todo), files_verified=len(verified), bytes_fetched=fetched,
+                  bytes_resumed=copier.resumed_bytes, seconds=round(secs, 3),
+                  mb_per_s=round(fetched / secs / 1e6, 1) if secs > 0 else 0.0)
+    return result
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "serve":
+        sys.exit(serve_main(sys.argv[2:]))
+    sys.stderr.write("usage: transfer.py serve --root R --bind A --port P --token-file F\n")
+    sys.exit(2)
