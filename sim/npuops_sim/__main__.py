@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from . import cluster, image, plan, profile
+from . import cluster, image, plan, profile, weights
 
 
 def parse_fault(text):
@@ -69,6 +69,11 @@ def main(argv=None):
     ex.add_argument("node")
     ex.add_argument("argv", nargs=argparse.REMAINDER)
     sub.add_parser("image")
+    w = sub.add_parser("weights", help="write synthetic safetensors weights into a node's model directory")
+    w.add_argument("--node", required=True)
+    w.add_argument("--size", default="1G", help="total size, e.g. 4G")
+    w.add_argument("--files", type=int, default=8)
+    w.add_argument("--dir", default="/srv/models/kimi-k3-w4a8", help="model directory inside the node")
     args = ap.parse_args(argv)
 
     c = cluster.Cluster(args.id, address_plan=plan.AddressPlan(
@@ -109,6 +114,12 @@ def main(argv=None):
             sys.stdout.write(proc.stdout)
             sys.stderr.write(proc.stderr)
             return proc.returncode
+        elif args.cmd == "weights":
+            root = c.root_of(args.node) + args.dir
+            t0 = time.monotonic()
+            paths = weights.write_model(root, weights.parse_size(args.size), args.files)
+            print("weights: %d files, %.1f GB in %s on node %s (%.1fs)" % (
+                len(paths), sum(os.path.getsize(p) for p in paths) / 1e9, args.dir, args.node, time.monotonic() - t0))
         elif args.cmd == "image":
             t0 = time.monotonic()
             print("image: %s (%.1fs)" % (image.ensure(), time.monotonic() - t0))

@@ -13,8 +13,9 @@ __metaclass__ = type
 
 import re
 import subprocess
-import threading
 import time
+
+from ansible_collections.npuops.ascend.plugins.module_utils import workers
 
 NOT_SUPPORTED = "does not support this function"
 DEFAULT_HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
@@ -172,28 +173,6 @@ def ping_device(run, tool, phy, targets, method, timeout=15, deadline=None):
     return rows
 
 
-def in_parallel(jobs):
-    """Run callables on one thread each; return their results in order (exceptions re-raised)."""
-    results = [None] * len(jobs)
-    errors = []
-
-    def runner(i, job):
-        try:
-            results[i] = job()
-        except Exception as e:  # pylint: disable=broad-except
-            errors.append(e)
-
-    threads = [threading.Thread(target=runner, args=(i, job)) for i, job in enumerate(jobs)]
-    for t in threads:
-        t.daemon = True
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
-
-
 def check(run, tool, devices, ping_targets=None, ping_method="auto", vnic=True, budget=120.0):
     """Query every device and ping its targets, devices in parallel. -> (devices, ping rows, failed checks).
 
@@ -222,7 +201,7 @@ def check(run, tool, devices, ping_targets=None, ping_method="auto", vnic=True, 
             return dev, rows, problems
         return inner
 
-    results = in_parallel([job(phy) for phy in devices])
+    results = workers.for_each([job(phy) for phy in devices], lambda job_fn: job_fn(), len(devices) or 1)
     devs, rows, problems = [], [], []
     for dev, r, p in results:
         devs.append(dev)

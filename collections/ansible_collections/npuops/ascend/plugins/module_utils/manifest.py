@@ -22,6 +22,8 @@ import threading
 import time
 import zlib
 
+from ansible_collections.npuops.ascend.plugins.module_utils import workers
+
 VERSION = 1
 PIECE_SIZE = 16 * 1024 * 1024
 CHUNK = 4 * 1024 * 1024
@@ -161,35 +163,26 @@ def build(root, previous=None, piece_size=PIECE_SIZE, parallel=4):
         else:
             todo.append((rel, st))
     lock = threading.Lock()
-    queue = list(todo)
     failures = []
 
-    def worker():
-        while True:
+    def hash_one(item):
+        rel, st = item
+        full = os.path.join(root, rel)
+        try:
+            if rel.endswith(".safetensors"):
+                problem = check_safetensors(full, st.st_size)
+                if problem:
+                    with lock:
+                        errors[rel] = problem
+            size, digest, pieces = hash_file(full, piece_size)
+        except (IOError, OSError) as e:
             with lock:
-                if not queue:
-                    return
-                rel, st = queue.pop(0)
-            full = os.path.join(root, rel)
-            try:
-                if rel.endswith(".safetensors"):
-                    problem = check_safetensors(full, st.st_size)
-                    if problem:
-                        with lock:
-                            errors[rel] = problem
-                size, digest, pieces = hash_file(full, piece_size)
-            except (IOError, OSError) as e:
-                with lock:
-                    failures.append("%s: %s" % (rel, e))
-                continue
-            with lock:
-                entries[rel] = {"size": size, "mtime_ns": st.st_mtime_ns, "sha256": digest, "pieces": pieces}
+                failures.append("%s: %s" % (rel, e))
+            return
+        with lock:
+            entries[rel] = {"size": size, "mtime_ns": st.st_mtime_ns, "sha256": digest, "pieces": pieces}
 
-    threads = [threading.Thread(target=worker) for _ in range(max(1, min(parallel, len(todo))))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    workers.for_each(todo, hash_one, parallel)
     if failures:
         raise ManifestError("could not read: %s" % "; ".join(failures[:5]))
     # safetensors headers of reused entries are checked again: cheap, and it catches a file truncated in place

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from ansible_collections.npuops.ascend.plugins.module_utils import manifest, transfer
+from ansible_collections.npuops.ascend.plugins.module_utils import manifest, transfer, weight_server
 from ansible_collections.npuops.ascend.tests.unit.plugins.module_utils.weights_helpers import model_dir
 
 PIECE = 1 << 20
@@ -33,8 +33,8 @@ def seed(tmp_path):
 class Running(object):
     def __init__(self, root, token=TOKEN, idle=30):
         self.log = io.StringIO() if str is not bytes else None
-        self.srv = transfer.WeightServer(root, "127.0.0.1", 0, token, idle_timeout=idle, wait_timeout=5,
-                                         log=self.log)
+        self.srv = weight_server.WeightServer(root, "127.0.0.1", 0, token, idle_timeout=idle, wait_timeout=5,
+                                              log=self.log)
         self.url = "http://127.0.0.1:%d" % self.srv.port
         self.thread = threading.Thread(target=self.srv.serve_forever)
         self.thread.daemon = True

@@ -1,0 +1,194 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: weight_sync
+short_description: Pull a verified copy of the model weights from peers
+version_added: 0.1.0
+description:
+  - Fetches the manifest from the first peer that answers (or takes it from O(manifest)), skips files
+    already here and verified, and fetches the rest, several files at a time, from the peers in O(src_url)
+    order. Each piece is checked (CRC32) as it arrives, the file's sha256 is computed inline, the file is
+    written to C(<file>.part), fsynced and renamed into place only when its sha256 matches.
+  - A copy that was killed resumes from its last checked piece. A peer that goes away is routed around
+    (the next peer in O(src_url) is asked). A file that does not match is fetched once more, then the task
+    fails naming the file and both digests. A full disk fails the task with nothing half-written renamed
+    into place.
+  - A second run with nothing changed moves no bytes and reports no change.
+author:
+  - npuops maintainers (@npuops)
+options:
+  src_url:
+    description: Peers serving the weights (M(npuops.ascend.weight_serve)), most preferred first.
+    type: list
+    elements: str
+    default: []
+  token:
+    description: The servers' token.
+    type: str
+  dest:
+    description: The model directory on this node.
+    type: path
+    required: true
+  manifest:
+    description: The seed's manifest (from M(npuops.ascend.weight_manifest) with C(return_manifest)); when given,
+      the manifest is not fetched from a peer, which lets check mode plan without any server running.
+    type: dict
+  parallel:
+    description: Files fetched at the same time.
+    type: int
+    default: 4
+  verify:
+    description:
+      - V(fast) trusts files verified by an earlier run while their size and mtime are unchanged.
+      - V(full) re-hashes every file already here and fetches again the ones that do not match.
+    type: str
+    choices: [fast, full]
+    default: fast
+  stall_timeout:
+    description: Seconds a piece may be unavailable from every peer before the copy fails.
+    type: int
+    default: 300
+  prewarm:
+    description: Read every file once after the copy, so the engine's weight load starts from the page cache.
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    description: Reports which files would be fetched and how many bytes, without fetching.
+    support: full
+  diff_mode:
+    description: No diff; RV(files_to_fetch) lists what changes.
+    support: none
+notes:
+  - While it runs it writes its progress (files, bytes, MB/s, ETA) to C(<dest>/.npuops/sync-progress.json).
+seealso:
+  - module: npuops.ascend.weight_serve
+  - module: npuops.ascend.weight_manifest
+"""
+
+EXAMPLES = r"""
+- name: Pull the weights from the previous node of the chain, or the seed
+  npuops.ascend.weight_sync:
+    src_url: [http://10.214.1.100:18090, http://10.214.0.100:18090]
+    token: "{{ weights_token }}"
+    dest: /data/models/Kimi-K3-W4A8
+  async: 14400
+  poll: 0
+  register: copy_job
+
+- name: Re-hash everything here and repair what differs
+  npuops.ascend.weight_sync:
+    src_url: [http://10.214.0.100:18090]
+    token: "{{ weights_token }}"
+    dest: /data/models/Kimi-K3-W4A8
+    verify: full
+"""
+
+RETURN = r"""
+files_total:
+  description: Files in the manifest.
+  returned: always
+  type: int
+files_verified:
+  description: Files already here and verified (not fetched).
+  returned: always
+  type: int
+files_fetched:
+  description: Files fetched in this run.
+  returned: always
+  type: int
+files_to_fetch:
+  description: The files that were (or, in check mode, would be) fetched.
+  returned: always
+  type: list
+  elements: str
+bytes_to_fetch:
+  description: Their total size.
+  returned: always
+  type: int
+bytes_fetched:
+  description: Bytes received in this run.
+  returned: always
+  type: int
+bytes_resumed:
+  description: Bytes of interrupted copies kept (not fetched again).
+  returned: when files were fetched
+  type: int
+seconds:
+  description: Wall time.
+  returned: always
+  type: float
+mb_per_s:
+  description: Bytes fetched per second, in MB/s.
+  returned: always
+  type: float
+prewarm_seconds:
+  description: Time spent reading the files into the page cache.
+  returned: when O(prewarm=true)
+  type: float
+"""
+
+import json
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.npuops.ascend.plugins.module_utils import transfer, workers
+
+
+def prewarm(dest, manifest, parallel=8, chunk=8 * 1024 * 1024):
+    """Read every file once (into the page cache); -> seconds."""
+    def read_all(rel):
+        buf = bytearray(chunk)
+        with open(os.path.join(dest, rel), "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+    t0 = time.time()
+    workers.for_each(sorted(manifest["files"]), read_all, parallel)
+    return round(time.time() - t0, 3)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            src_url=dict(type="list", elements="str", default=[]),
+            token=dict(type="str", no_log=True),
+            dest=dict(type="path", required=True),
+            manifest=dict(type="dict"),
+            parallel=dict(type="int", default=4),
+            verify=dict(type="str", choices=["fast", "full"], default="fast"),
+            stall_timeout=dict(type="int", default=300),
+            prewarm=dict(type="bool", default=False),
+        ),
+        required_one_of=[("src_url", "manifest")],
+        supports_check_mode=True,
+    )
+    p = module.params
+    if p["src_url"] and not p["token"]:
+        module.fail_json(msg="src_url needs the servers' token")
+    try:
+        result = transfer.sync(p["src_url"], p["token"] or "", p["dest"], manifest=p["manifest"],
+                               parallel=p["parallel"], verify=p["verify"], check_only=module.check_mode,
+                               stall_timeout=p["stall_timeout"])
+        if p["prewarm"] and not module.check_mode:
+            with open(os.path.join(p["dest"], transfer.STATE_DIR, "manifest.json")) as f:
+                result["prewarm_seconds"] = prewarm(p["dest"], json.load(f))
+    except transfer.TransferError as e:
+        module.fail_json(msg=str(e), dest=p["dest"])
+    except (IOError, OSError) as e:
+        module.fail_json(msg="copying into %s failed: %s" % (p["dest"], e), dest=p["dest"])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
