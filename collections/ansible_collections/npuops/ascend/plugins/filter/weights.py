@@ -55,6 +55,16 @@ def _gb(n):
     return "%.1f" % (float(n or 0) / 1e9)
 
 
+def copy_state(status):
+    """running / done / failed from an async_status result. The role registers async_status with
+    failed_when: false (to keep watching the other nodes), which hides `failed`; a finished weight_sync
+    that succeeded always returns files_total, a failed one never does."""
+    status = status or {}
+    if not status.get("finished"):
+        return "running"
+    return "done" if "files_total" in status else "failed"
+
+
 def weights_progress(hostvars, receivers):
     """One line per receiving node from its slurped sync-progress.json and its async status."""
     lines = []
@@ -67,7 +77,9 @@ def weights_progress(hostvars, receivers):
                 p = json.loads(base64.b64decode(raw).decode("utf-8"))
             except (ValueError, TypeError):
                 p = {}
-        state = "failed" if status.get("failed") else ("done" if status.get("finished") else p.get("state", "starting"))
+        state = copy_state(status)
+        if state == "running":
+            state = p.get("state", "starting") if p.get("state") != "done" else "finishing"
         eta = p.get("eta_s")
         lines.append("%s: %s/%s files, %s/%s GB, %s MB/s, ETA %s (%s)" % (
             h, p.get("files_done", 0), p.get("files_total", "?"), _gb(p.get("bytes_done")), _gb(p.get("bytes_total")),
@@ -79,8 +91,7 @@ def weights_done(hostvars, receivers, active=None):
     """Every copy ended; a receiver that dropped out of the play (failed, unreachable) has ended too."""
     if active is not None:
         receivers = [h for h in receivers if h in active]
-    return all((_get(hostvars, h, "npuops_weights_status", {}) or {}).get("finished") or
-               (_get(hostvars, h, "npuops_weights_status", {}) or {}).get("failed") for h in receivers)
+    return all(copy_state(_get(hostvars, h, "npuops_weights_status")) != "running" for h in receivers)
 
 
 def weights_summary(hostvars, receivers):
@@ -116,5 +127,6 @@ class FilterModule(object):
     def filters(self):
         return {"weights_chain": weights_chain, "weights_sources": weights_sources, "weights_servers": weights_servers,
                 "weights_progress": weights_progress, "weights_done": weights_done, "weights_summary": weights_summary,
+                "weights_copy_state": copy_state,
                 "publisher_manifest": publisher_manifest, "weights_download_argv": weights_download_argv,
                 "weights_listing_url": weights_listing_url}

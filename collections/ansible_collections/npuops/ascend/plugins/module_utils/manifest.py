@@ -25,7 +25,7 @@ import zlib
 from ansible_collections.npuops.ascend.plugins.module_utils import workers
 
 VERSION = 1
-PIECE_SIZE = 16 * 1024 * 1024
+PIECE_SIZE = 4 * 1024 * 1024
 CHUNK = 4 * 1024 * 1024
 STATE_DIR = ".npuops"
 MANIFEST_NAME = "manifest.json"

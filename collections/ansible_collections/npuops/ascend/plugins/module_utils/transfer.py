@@ -316,6 +316,10 @@ class Copier(object):
                     os.ftruncate(fd, 0)
                     write_progress(final, 0)
                     start = 0
+                if entry["size"] and hasattr(os, "posix_fallocate"):
+                    # claim the space up front: a full disk fails here, before any byte is fetched, and
+                    # writes into allocated blocks cost the kernel less than growing the file
+                    os.posix_fallocate(fd, 0, entry["size"])
                 for index in range(start, len(entry["pieces"])):
                     data = None
                     for _ask in (1, 2):

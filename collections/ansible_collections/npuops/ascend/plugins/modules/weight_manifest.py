@@ -42,7 +42,7 @@ options:
   piece_size:
     description: Bytes per piece (the unit peers check and relay).
     type: int
-    default: 16777216
+    default: 4194304
   parallel:
     description: Files hashed at the same time.
     type: int
