@@ -4,10 +4,11 @@
 """Weight manifests: what a model directory holds, with checksums, recorded once at the seed.
 
 A manifest is ``{"version", "piece_size", "files": {relpath: {size, mtime_ns, sha256, pieces}}}``:
-``sha256`` is the file's digest (what publishers list), ``pieces`` the CRC32 of each ``piece_size``
-slice, so a peer can check and pass on a piece while the rest of the file is still arriving; the
-file's sha256 is checked end to end on every node. An entry is reused while the file's size and mtime
-match, so recording it again costs a ``stat`` per file. Standard library only: this runs on the nodes.
+``sha256`` is the file's digest (what publishers list, checked against them on the seed), ``pieces`` the
+sha256 (first 128 bits) of each ``piece_size`` slice. Every node checks every piece as it arrives, so it
+can relay a piece while the rest of the file is still coming, and a file whose pieces all match is the
+seed's file, byte for byte: each byte is hashed once per node. An entry is reused while the file's size
+and mtime match, so recording it again costs a ``stat`` per file. Standard library only: runs on nodes.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -20,13 +21,11 @@ import os
 import struct
 import threading
 import time
-import zlib
 
 from ansible_collections.npuops.ascend.plugins.module_utils import workers
 
-VERSION = 1
+VERSION = 2
 PIECE_SIZE = 4 * 1024 * 1024
-CHUNK = 4 * 1024 * 1024
 STATE_DIR = ".npuops"
 MANIFEST_NAME = "manifest.json"
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
@@ -61,32 +60,41 @@ def walk(root):
     return out
 
 
-def hash_file(path, piece_size=PIECE_SIZE, chunk=CHUNK):
-    """-> (size, sha256 hex, [crc32 per piece]) in one read pass."""
+def piece_digest(data):
+    """The digest a manifest records for a piece: sha256, first 128 bits, hex."""
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def hash_file(path, piece_size=PIECE_SIZE):
+    """-> (size, sha256 hex of the file, [piece digests]) in one read pass."""
     sha = hashlib.sha256()
     pieces = []
     size = 0
-    buf = bytearray(chunk)
+    buf = bytearray(piece_size)
     view = memoryview(buf)
-    crc = 0
-    in_piece = 0
     with open(path, "rb", buffering=0) as f:
         while True:
-            want = min(chunk, piece_size - in_piece)
-            n = f.readinto(view[:want])
-            if not n:
+            got = 0
+            while got < piece_size:
+                n = f.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+            if not got and pieces:
                 break
-            data = view[:n]
+            data = view[:got]
             sha.update(data)
-            crc = zlib.crc32(data, crc)
-            in_piece += n
-            size += n
-            if in_piece == piece_size:
-                pieces.append(crc & 0xFFFFFFFF)
-                crc, in_piece = 0, 0
-    if in_piece or not pieces:
-        pieces.append(crc & 0xFFFFFFFF)
+            pieces.append(piece_digest(data))
+            size += got
+            if got < piece_size:
+                break
     return size, sha.hexdigest(), pieces
+
+
+def summary(manifest):
+    """The manifest without piece digests: what the controller needs to plan (small for 1.5 TB)."""
+    return {"version": manifest["version"], "piece_size": manifest["piece_size"],
+            "files": dict((r, {"size": e["size"], "sha256": e["sha256"]}) for r, e in manifest["files"].items())}
 
 
 def check_safetensors(path, size=None):

@@ -4,9 +4,10 @@
 """Peer-to-peer weight transfer, the client side (the server is weight_server.py).
 
 The client fetches the manifest, skips files already verified, fetches the rest several at a time into
-``<file>.part`` — each piece's CRC32 checked on arrival, the file's sha256 computed inline — then fsyncs
-and renames. A killed copy resumes from its last checked piece. A bad file is fetched again once (from
-the next peer when there is one), then the copy fails naming the file and both digests.
+``<file>.part`` — each piece's sha256 checked on arrival against the seed's manifest, so a file whose
+pieces all match is the seed's file — then fsyncs and renames. A killed copy resumes from its last
+checked piece. A bad piece is fetched again once (from the next peer when there is one), then the copy
+fails naming the file, the piece and both digests.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -20,7 +21,6 @@ import os
 import socket
 import threading
 import time
-import zlib
 
 try:  # Python 3
     import http.client as httplib
@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - Python 2 is not supported on the nodes
     httplib = quote = urlparse = None
 
 from ansible_collections.npuops.ascend.plugins.module_utils import workers
+from ansible_collections.npuops.ascend.plugins.module_utils.manifest import piece_digest
 from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import (
     PROGRESS_SUFFIX, STATE_DIR, read_progress, write_progress)
 
@@ -262,8 +263,8 @@ class Copier(object):
                     rel, index, self.stall_timeout, last))
             time.sleep(0.2)
 
-    def _resume(self, final, entry, sha, fd):
-        """Keep the checked prefix of an existing .part; -> pieces already done (sha fed with them)."""
+    def _resume(self, final, entry, fd):
+        """Keep the checked prefix of an existing .part; -> pieces already done."""
         pieces = entry["pieces"]
         size = os.fstat(fd).st_size
         ok = 0
@@ -273,9 +274,8 @@ class Copier(object):
             if offset + length > size:
                 break
             data = os.pread(fd, length, offset)
-            if len(data) != length or (zlib.crc32(data) & 0xFFFFFFFF) != pieces[i]:
+            if len(data) != length or piece_digest(data) != pieces[i]:
                 break
-            sha.update(data)
             ok = i + 1
         os.ftruncate(fd, min(ok * self.piece, entry["size"]))
         return ok
@@ -294,78 +294,64 @@ class Copier(object):
                              "was renamed into place" % (rel, st.f_bavail * st.f_frsize, self.dest, entry["size"]))
 
     def fetch(self, rel):
-        """Fetch one file into place; -> its stat. A bad file is fetched again once, from scratch."""
+        """Fetch one file into place, every piece checked on arrival; -> its stat."""
         entry = self.manifest["files"][rel]
         final = os.path.join(self.dest, rel)
         parent = os.path.dirname(final)
         if not os.path.isdir(parent):
             os.makedirs(parent)
         buf = bytearray(self.piece)
-        for attempt in (1, 2):
-            sha = hashlib.sha256()
-            counted = 0
-            fd = os.open(final + ".part", os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                if attempt == 1:
-                    start = self._resume(final, entry, sha, fd)
-                    counted = min(start * self.piece, entry["size"])
-                    with self.lock:
-                        self.resumed_bytes += counted
-                    self.progress.add(done_bytes=counted)
-                else:
-                    os.ftruncate(fd, 0)
-                    write_progress(final, 0)
-                    start = 0
-                if entry["size"] and hasattr(os, "posix_fallocate"):
-                    # claim the space up front: a full disk fails here, before any byte is fetched, and
-                    # writes into allocated blocks cost the kernel less than growing the file
-                    os.posix_fallocate(fd, 0, entry["size"])
-                for index in range(start, len(entry["pieces"])):
+        fd = os.open(final + ".part", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            start = self._resume(final, entry, fd)
+            resumed = min(start * self.piece, entry["size"])
+            with self.lock:
+                self.resumed_bytes += resumed
+            self.progress.add(done_bytes=resumed)
+            if entry["size"] and hasattr(os, "posix_fallocate"):
+                # claim the space up front: a full disk fails here, before any byte is fetched, and
+                # writes into allocated blocks cost the kernel less than growing the file
+                os.posix_fallocate(fd, 0, entry["size"])
+            for index in range(start, len(entry["pieces"])):
+                want = entry["pieces"][index]
+                data, got = None, None
+                for _ask in (1, 2):
+                    data, src = self._read_piece(rel, entry, index, buf)
+                    got = piece_digest(data)
+                    if got == want:
+                        break
+                    # a bad piece: ask again, another peer first
+                    self.sources = [s for s in self.sources if s is not src] + [src]
                     data = None
-                    for _ask in (1, 2):
-                        data, src = self._read_piece(rel, entry, index, buf)
-                        if (zlib.crc32(data) & 0xFFFFFFFF) == entry["pieces"][index]:
-                            break
-                        # a corrupt piece: ask again, another peer first
-                        self.sources = [s for s in self.sources if s is not src] + [src]
-                        data = None
-                    if data is None:
-                        raise ChecksumError("%s: piece %d failed its CRC32 twice; the peers' copies differ from "
-                                            "the seed's manifest" % (rel, index))
-                    sha.update(data)
-                    self._write_piece(fd, data, index * self.piece)
-                    write_progress(final, index + 1)
-                    counted += len(data)
-                    self.progress.add(fetched=len(data), done_bytes=len(data))
-                os.fsync(fd)
-            except OSError as e:
-                if e.errno == errno.ENOSPC:
-                    os.close(fd)
-                    fd = None
-                    raise self._disk_full(rel, entry, final)
-                raise
-            finally:
-                if fd is not None:
-                    os.close(fd)
-            digest = sha.hexdigest()
-            if digest == entry["sha256"]:
-                os.rename(final + ".part", final)
-                if os.path.exists(final + PROGRESS_SUFFIX):
-                    os.unlink(final + PROGRESS_SUFFIX)
-                dfd = os.open(parent, os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-                self.progress.add(files=1)
-                return os.stat(final)
-            self.progress.add(done_bytes=-counted)
-            if attempt == 2:
-                raise ChecksumError("%s: sha256 %s does not match the manifest's %s after fetching it twice; the "
-                                    "source copy changed since the manifest was recorded (record it again) or "
-                                    "is corrupt" % (rel, digest, entry["sha256"]))
-            self.sources = self.sources[1:] + self.sources[:1]
-        raise TransferError("unreachable")
+                if data is None:
+                    first = index * self.piece
+                    last = min(first + self.piece, entry["size"]) - 1
+                    raise ChecksumError("%s: piece %d (bytes %d-%d) has sha256 %s, the seed's manifest says %s, twice; "
+                                        "the source changed since the manifest was recorded (record it again) or a "
+                                        "copy is corrupt" % (rel, index, first, last, got, want))
+                self._write_piece(fd, data, index * self.piece)
+                write_progress(final, index + 1)
+                self.progress.add(fetched=len(data), done_bytes=len(data))
+            os.fsync(fd)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                os.close(fd)
+                fd = None
+                raise self._disk_full(rel, entry, final)
+            raise
+        finally:
+            if fd is not None:
+                os.close(fd)
+        os.rename(final + ".part", final)
+        if os.path.exists(final + PROGRESS_SUFFIX):
+            os.unlink(final + PROGRESS_SUFFIX)
+        dfd = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        self.progress.add(files=1)
+        return os.stat(final)
 
 
 def sync(src_urls, token, dest, manifest=None, parallel=4, verify="fast", check_only=False, stall_timeout=300,
@@ -384,9 +370,6 @@ def sync(src_urls, token, dest, manifest=None, parallel=4, verify="fast", check_
     need = sum(manifest["files"][r]["size"] for r in todo)
     result = {"files_total": len(manifest["files"]), "files_verified": len(verified), "files_to_fetch": todo,
               "bytes_to_fetch": need, "changed": bool(todo)}
-    if not check_only:
-        # kept next to the weights: our own server relays from it, and later runs can plan from it
-        _save_json(os.path.join(dest, STATE_DIR, "manifest.json"), manifest)
     if check_only or not todo:
         if cache and not check_only:
             _save_json(cache_path, cache)
@@ -394,6 +377,16 @@ def sync(src_urls, token, dest, manifest=None, parallel=4, verify="fast", check_
         return result
     if not sources:
         raise TransferError("%d files must be fetched but no src_url was given" % len(todo))
+    if any("pieces" not in manifest["files"][r] for r in todo):
+        # the controller plans with the manifest's summary; the piece digests come from the peers
+        full, src = fetch_manifest(sources, time.time() + manifest_timeout)
+        differ = sorted(r for r, e in manifest["files"].items() if full["files"].get(r, {}).get("sha256") != e["sha256"])
+        if differ:
+            raise TransferError("%s serves a manifest that differs from the seed's for %s; record the seed's manifest "
+                                "again and rerun" % (src, ", ".join(differ[:5])))
+        manifest = full
+    # kept next to the weights: our own server relays from it, and later runs can plan from it
+    _save_json(os.path.join(dest, STATE_DIR, "manifest.json"), manifest)
     progress = Progress(os.path.join(dest, STATE_DIR, "sync-progress.json"), len(manifest["files"]),
                         sum(e["size"] for e in manifest["files"].values()))
     progress.add(done_bytes=sum(manifest["files"][r]["size"] for r in verified), files=len(verified))

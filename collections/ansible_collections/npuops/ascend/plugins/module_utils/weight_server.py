@@ -144,7 +144,7 @@ class WeightServer(object):
             if time.time() > deadline:
                 return None, "not here yet"
             self.touch()
-            time.sleep(0.05)
+            time.sleep(0.01)  # a relay's downstream waits at most this long past a piece's arrival
 
     def _handler(self):
         server = self

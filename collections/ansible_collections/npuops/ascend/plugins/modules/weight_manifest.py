@@ -13,8 +13,9 @@ module: weight_manifest
 short_description: Record the checksums of a model directory (the seed's manifest)
 version_added: 0.1.0
 description:
-  - Walks a model directory and records, for every regular file, its size, its sha256 and a CRC32 per
-    piece (so peers can check and relay pieces while the rest of a file is still arriving).
+  - Walks a model directory and records, for every regular file, its size, its sha256 and the sha256 of
+    each piece (so peers check every piece on arrival, and relay it while the rest of the file is still
+    coming).
   - Reuses a recorded entry while the file's size and mtime are unchanged, so recording again after a
     verified copy costs one C(stat) per file.
   - Checks every C(.safetensors) file structurally (8-byte header length, JSON header, tensor offsets that
@@ -48,7 +49,8 @@ options:
     type: int
     default: 4
   return_manifest:
-    description: Return the manifest itself in RV(manifest_data) (for the controller to plan the fan-out).
+    description: Return the manifest's summary (files with size and sha256, no piece digests) in RV(manifest_data),
+      for the controller to plan the fan-out.
     type: bool
     default: false
 attributes:
@@ -103,7 +105,7 @@ safetensors_errors:
   returned: always
   type: dict
 manifest_data:
-  description: The manifest (version, piece_size, files).
+  description: The manifest's summary (version, piece_size, files with size and sha256).
   returned: when O(return_manifest=true)
   type: dict
 """
@@ -144,6 +146,9 @@ def main():
             module.fail_json(msg="publisher_manifest %s: %s" % (publisher, e))
     try:
         previous = mf.load(path)
+    except mf.ManifestError:
+        previous = None  # recorded by another version: hash everything again
+    try:
         data, stats = mf.build(root, previous, piece_size=p["piece_size"], parallel=p["parallel"])
     except mf.ManifestError as e:
         module.fail_json(msg=str(e))
@@ -163,7 +168,7 @@ def main():
             "after": "\n".join(sorted("%s %s" % (r, e["sha256"]) for r, e in data["files"].items())) + "\n",
         }
     if p["return_manifest"]:
-        result["manifest_data"] = data
+        result["manifest_data"] = mf.summary(data)
     if p["fail_on_mismatch"] and (mismatched or stats["safetensors_errors"]):
         problems = ["%s: ours %s, publisher %s" % (m["file"], m["ours"], m["theirs"]) for m in mismatched[:10]]
         problems += ["%s: %s" % (r, why) for r, why in sorted(stats["safetensors_errors"].items())[:10]]

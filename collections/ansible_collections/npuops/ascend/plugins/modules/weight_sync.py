@@ -15,12 +15,13 @@ version_added: 0.1.0
 description:
   - Fetches the manifest from the first peer that answers (or takes it from O(manifest)), skips files
     already here and verified, and fetches the rest, several files at a time, from the peers in O(src_url)
-    order. Each piece is checked (CRC32) as it arrives, the file's sha256 is computed inline, the file is
-    written to C(<file>.part), fsynced and renamed into place only when its sha256 matches.
+    order. The file is
+    written to C(<file>.part), fsynced and renamed into place once every piece matched the seed's manifest
+    (each piece's sha256 is checked as it arrives).
   - A copy that was killed resumes from its last checked piece. A peer that goes away is routed around
-    (the next peer in O(src_url) is asked). A file that does not match is fetched once more, then the task
-    fails naming the file and both digests. A full disk fails the task with nothing half-written renamed
-    into place.
+    (the next peer in O(src_url) is asked). A piece that does not match is fetched once more, then the task
+    fails naming the file, the piece and both digests. A full disk fails the task with nothing half-written
+    renamed into place (the space of each file is claimed before it is fetched).
   - A second run with nothing changed moves no bytes and reports no change.
 author:
   - npuops maintainers (@npuops)
@@ -38,8 +39,8 @@ options:
     type: path
     required: true
   manifest:
-    description: The seed's manifest (from M(npuops.ascend.weight_manifest) with C(return_manifest)); when given,
-      the manifest is not fetched from a peer, which lets check mode plan without any server running.
+    description: The seed's manifest or its summary (from M(npuops.ascend.weight_manifest) with C(return_manifest));
+      with it, check mode plans without any server running. The piece digests are fetched from the peers.
     type: dict
   parallel:
     description: Files fetched at the same time.

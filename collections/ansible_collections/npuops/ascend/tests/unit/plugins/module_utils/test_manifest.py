@@ -5,7 +5,6 @@ __metaclass__ = type
 
 import hashlib
 import os
-import zlib
 
 import pytest
 
@@ -25,15 +24,24 @@ def test_walk_lists_regular_files_only(tmp_path):
                                    "tokenizer/tokenizer.model"]
 
 
-def test_hash_file_gives_the_sha256_and_a_crc_per_piece(tmp_path):
+def test_hash_file_gives_the_sha256_and_a_digest_per_piece(tmp_path):
     path = str(tmp_path / "f")
     data = os.urandom(2500)
     open(path, "wb").write(data)
-    size, digest, pieces = manifest.hash_file(path, piece_size=1000, chunk=300)
+    size, digest, pieces = manifest.hash_file(path, piece_size=1000)
     assert size == 2500 and digest == hashlib.sha256(data).hexdigest()
-    assert pieces == [zlib.crc32(data[i:i + 1000]) & 0xFFFFFFFF for i in (0, 1000, 2000)]
+    assert pieces == [hashlib.sha256(data[i:i + 1000]).hexdigest()[:32] for i in (0, 1000, 2000)]
+    open(path, "wb").write(data[:2000])
+    assert len(manifest.hash_file(path, piece_size=1000)[2]) == 2
     open(path, "wb").close()
-    assert manifest.hash_file(path) == (0, hashlib.sha256(b"").hexdigest(), [0])
+    assert manifest.hash_file(path) == (0, hashlib.sha256(b"").hexdigest(), [hashlib.sha256(b"").hexdigest()[:32]])
+
+
+def test_summary_drops_the_piece_digests(tmp_path):
+    root = model_dir(str(tmp_path / "m"))
+    m, _stats = manifest.build(root, piece_size=1 << 20)
+    s = manifest.summary(m)
+    assert set(s["files"]) == set(m["files"]) and all(set(e) == {"size", "sha256"} for e in s["files"].values())
 
 
 def test_build_reuses_entries_while_size_and_mtime_match(tmp_path):
@@ -103,7 +111,7 @@ def test_download_commands_pin_the_revision():
 
 def test_load_and_save_round_trip_and_reject_foreign_files(tmp_path):
     path = str(tmp_path / "d" / "manifest.json")
-    data = {"version": 1, "piece_size": 4, "files": {}}
+    data = {"version": manifest.VERSION, "piece_size": 4, "files": {}}
     manifest.save(path, data)
     assert manifest.load(path) == data
     assert manifest.load(str(tmp_path / "missing.json")) is None

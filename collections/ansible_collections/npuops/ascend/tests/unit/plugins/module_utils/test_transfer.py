@@ -128,17 +128,29 @@ def test_a_source_changed_after_the_manifest_fails_naming_the_file_and_both_dige
     assert not os.path.exists(os.path.join(dest, "model-00001-of-00003.safetensors"))
 
 
-def test_a_whole_file_digest_mismatch_names_both_digests(seed, server, tmp_path):
+def test_a_piece_that_does_not_match_the_manifest_names_file_piece_and_both_digests(seed, server, tmp_path):
     root, m = seed
     bad = json.loads(json.dumps(m))
-    rel = "config.json"
-    bad["files"][rel]["sha256"] = "0" * 64
+    rel = "model-00002-of-00003.safetensors"
+    real = bad["files"][rel]["pieces"][2]
+    bad["files"][rel]["pieces"][2] = "0" * 32
     manifest.save(manifest.default_manifest_path(root), bad)
     with pytest.raises(transfer.ChecksumError) as e:
         transfer.sync([server.url], TOKEN, str(tmp_path / "dest"), parallel=1)
     msg = str(e.value)
-    assert rel in msg and "0" * 64 in msg and m["files"][rel]["sha256"] in msg
+    assert rel in msg and "piece 2 (bytes %d-%d)" % (2 * PIECE, 3 * PIECE - 1) in msg
+    assert "0" * 32 in msg and real in msg
     assert not os.path.exists(str(tmp_path / "dest" / rel))
+
+
+def test_the_controller_plans_with_the_summary_and_the_pieces_come_from_the_peers(seed, server, tmp_path):
+    root, m = seed
+    out = transfer.sync([server.url], TOKEN, str(tmp_path / "dest"), manifest=manifest.summary(m))
+    assert out["files_fetched"] == 5 and same_tree(root, str(tmp_path / "dest"), m)
+    stale = manifest.summary(m)
+    stale["files"]["config.json"]["sha256"] = "f" * 64
+    with pytest.raises(transfer.TransferError, match="differs from the seed's for config.json"):
+        transfer.sync([server.url], TOKEN, str(tmp_path / "other"), manifest=stale)
 
 
 def raw_get(url, path, token=TOKEN):
