@@ -1,0 +1,205 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""serve_containers: the plan plus the model preset -> the exact container each host runs.
+
+One function for every tier: the host's part of the plan decides the launch flags (multi-node TP/PP,
+internal DP with headless workers, external DP ranks with a KV connector), the preset the model flags,
+the inventory the addresses and NICs every communication library is pointed at, and the tier document
+the per-role environment. vllm_cli renders and checks the argv.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
+
+PROXY_SCRIPT = "/vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py"
+# device nodes and read-only host paths every vLLM-Ascend container needs (ascend-facts §3.2), plus
+# /etc/hccn.conf, which the PD docs require and without which the service answers garbage (§6 row 4)
+MGMT_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
+HOST_MOUNTS = ["/usr/local/dcmi", "/usr/local/Ascend/driver/tools/hccn_tool", "/usr/local/bin/npu-smi",
+               "/usr/local/Ascend/driver/lib64", "/usr/local/Ascend/driver/version.info", "/etc/ascend_install.info",
+               "/etc/hccn.conf"]
+# environment every node gets (ascend-facts §3.3); the tier adds per-instance values, the inventory overrides
+COMMON_ENV = {
+    "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+    "VLLM_ENGINE_READY_TIMEOUT_S": "7200",
+    "HCCL_CONNECT_TIMEOUT": "1200",
+    "HCCL_OP_EXPANSION_MODE": "AIV",
+    "TASK_QUEUE_ENABLE": "1",
+    "OMP_PROC_BIND": "false",
+    "OMP_NUM_THREADS": "1",
+}
+MODEL_KEYS = ("served_model_name", "quantization", "tokenizer_mode", "reasoning_parser", "tool_call_parser",
+              "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "block_size",
+              "safetensors_load_strategy")
+
+
+def _get(hostvars, host, name, default=None):
+    try:
+        value = hostvars[host].get(name, default)
+    except (KeyError, AttributeError):
+        return default
+    return default if value is None else value
+
+
+def engine_spec(entry, model, model_dir, tier, instance):
+    """The vllm serve spec of one host (before per-host overrides)."""
+    spec = {"model": model_dir, "trust_remote_code": True, "enable_auto_tool_choice": True}
+    for key in MODEL_KEYS:
+        if model.get(key) is not None:
+            spec[key] = model[key]
+    if model.get("kv_cache_dtype") not in (None, "auto"):
+        spec["kv_cache_dtype"] = model["kv_cache_dtype"]
+    if model.get("cudagraph_mode"):
+        spec["compilation_config"] = {"cudagraph_mode": model["cudagraph_mode"]}
+    if model.get("speculative"):
+        spec["speculative_config"] = dict(model["speculative"])
+    # decode engines do not share prefixes (vllm-ascend#7944); elsewhere prefix caching follows the preset
+    spec["enable_prefix_caching"] = bool(model.get("enable_prefix_caching", True)) and \
+        entry.get("kv_role") != "kv_consumer"
+    spec["tensor_parallel_size"] = entry["tp"]
+    if entry["pp"] > 1:
+        spec["pipeline_parallel_size"] = entry["pp"]
+    if entry["serves_http"]:
+        spec.update(host=entry["node_ip"], port=entry["api_port"])
+    ports = tier.get("ports", {})
+    launch = entry["launch"]
+    if launch == "multinode":
+        spec.update(distributed_executor_backend="mp", nnodes=entry["nodes"], node_rank=entry["node_rank"],
+                    master_addr=entry["leader_address"], master_port=int(ports.get("master", 29500)))
+    else:
+        spec.update(data_parallel_size=entry["dp"], data_parallel_size_local=entry["dp_local"],
+                    data_parallel_address=entry["leader_address"],
+                    data_parallel_rpc_port=int(ports.get("dp_rpc", 13389)))
+        if launch == "dp_external":
+            spec["data_parallel_rank"] = entry["dp_start_rank"]
+        elif entry["role"] == "worker":
+            spec["data_parallel_start_rank"] = entry["dp_start_rank"]
+    if entry["expert_parallel"]:
+        spec["enable_expert_parallel"] = True
+    if entry["headless"]:
+        spec["headless"] = True
+    if entry.get("kv_role"):
+        sides = dict(("prefill" if i.get("kv_role") == "kv_producer" else "decode",
+                      {"dp_size": int(i["dp"]), "tp_size": int(i["tp"])}) for i in tier["instances"] if i.get("kv_role"))
+        spec["kv_transfer_config"] = {
+            "kv_connector": instance.get("kv_connector", "MooncakeConnectorV1"),
+            "kv_role": entry["kv_role"],
+            "kv_port": str(entry["kv_port"]),
+            "engine_id": "%s-%d" % (entry["instance"], entry["dp_start_rank"]),
+            "kv_connector_extra_config": instance.get("kv_connector_extra_config") or sides,
+        }
+    return spec
+
+
+def engine_env(entry, hostvars, host, tier, instance, dies):
+    nic = _get(hostvars, host, "npuops_nic")
+    env = dict(COMMON_ENV)
+    env.update(HCCL_IF_IP=entry["node_ip"], VLLM_HOST_IP=entry["node_ip"], GLOO_SOCKET_IFNAME=nic,
+               TP_SOCKET_IFNAME=nic, HCCL_SOCKET_IFNAME=nic,
+               ASCEND_RT_VISIBLE_DEVICES=",".join(str(i) for i in range(dies)))
+    env.update(dict((k, str(v)) for k, v in (tier.get("env") or {}).items()))
+    env.update(dict((k, str(v)) for k, v in (instance.get("env") or {}).items()))
+    env.update(dict((k, str(v)) for k, v in ((instance.get("env_by_role") or {}).get(entry["role"]) or {}).items()))
+    env.update(dict((k, str(v)) for k, v in (_get(hostvars, host, "npuops_env_overrides", {}) or {}).items()))
+    return env
+
+
+def rendezvous_peer(spec):
+    """Where this engine dials its leader, read from its own final spec (overrides included)."""
+    if (spec.get("nnodes") or 1) > 1:
+        return ["%s:%d" % (spec["master_addr"], spec["master_port"])]
+    if (spec.get("data_parallel_size") or 1) > 1 and spec.get("data_parallel_address"):
+        return ["%s:%d" % (spec["data_parallel_address"], spec["data_parallel_rpc_port"])]
+    return []
+
+
+def serve_containers(plan, hostvars, tier, model, options):
+    """-> {host: {"engine": container, "proxy": container or None}}.
+
+    `options`: model_dir, image, name (engine container), proxy_name, shm_size, privileged, devices (physical
+    ids, default 0..dies-1). A container: {name, image, command, env, devices, mounts, shm_size, privileged,
+    ready_url, peers, instance, role}.
+    """
+    dies = int(tier.get("dies_per_node", 16))
+    instances = dict((i["name"], i) for i in tier["instances"])
+    out = {}
+    for host, entry in sorted(plan["hosts"].items()):
+        instance = instances[entry["instance"]]
+        spec = engine_spec(entry, model, options["model_dir"], tier, instance)
+        spec.update(_get(hostvars, host, "npuops_vllm_overrides", {}) or {})
+        try:
+            argv = vllm_cli.render(spec)
+        except vllm_cli.VllmCliError as e:
+            raise AnsibleFilterError("serve_containers: host %s: %s" % (host, e))
+        leader = plan["hosts"][entry["leader"]]
+        ready_host = entry if entry["serves_http"] else leader
+        devices = _get(hostvars, host, "npuops_devices") or options.get("devices") or list(range(dies))
+        peers = rendezvous_peer(spec) if entry["role"] == "worker" else []
+        out[host] = {"engine": {
+            "name": options.get("name", "vllm"),
+            "image": options["image"],
+            "command": argv,
+            "env": engine_env(entry, hostvars, host, tier, instance, dies),
+            "devices": ["/dev/davinci%d" % int(d) for d in devices] + MGMT_DEVICES,
+            "mounts": ["%s:%s:ro" % (m, m) for m in HOST_MOUNTS] + ["%s:%s:ro" % (options["model_dir"],
+                                                                                options["model_dir"])],
+            "shm_size": options.get("shm_size", "16g"),
+            "privileged": bool(options.get("privileged", False)),
+            "ready_url": "http://%s:%d/health" % (ready_host["node_ip"], ready_host["api_port"]),
+            "peers": peers,
+            "instance": entry["instance"],
+            "role": entry["role"],
+        }, "proxy": None}
+    proxy = plan.get("proxy")
+    if proxy:
+        argv = ["python3", PROXY_SCRIPT, "--host", proxy["address"], "--port", str(proxy["port"])]
+        for side, flag in (("prefill", "prefiller"), ("decode", "decoder")):
+            argv += ["--%s-hosts" % flag] + [e["address"] for e in proxy[side]]
+            argv += ["--%s-ports" % flag] + [str(e["port"]) for e in proxy[side]]
+        out.setdefault(proxy["host"], {"engine": None, "proxy": None})["proxy"] = {
+            "name": options.get("proxy_name", "vllm-pd-proxy"),
+            "image": options["image"],
+            "command": argv,
+            "env": {"PYTHONUNBUFFERED": "1"},
+            "devices": [],
+            "mounts": [],
+            "shm_size": None,
+            "privileged": False,
+            "ready_url": "http://%s:%d%s" % (proxy["address"], proxy["port"], tier["proxy"].get("health",
+                                                                                            "/healthcheck")),
+            "peers": [],
+            "instance": "proxy",
+            "role": "proxy",
+        }
+    return out
+
+
+def serve_failures(hostvars, hosts, key):
+    """'host: message' for every host whose registered vllm_container result under `key` failed.
+
+    The role registers the readiness wait with failed_when: false (to stop everything before failing), which
+    clears `failed`; a failed vllm_container result always carries a msg, a successful one never does."""
+    out = []
+    for h in hosts:
+        res = _get(hostvars, h, key, {}) or {}
+        if res.get("msg") and not res.get("skipped"):
+            out.append("%s: %s" % (h, res["msg"]))
+        elif res.get("unreachable"):
+            out.append("%s: unreachable" % h)
+    return out
+
+
+def serve_order(containers, plan):
+    """Hosts in start order: leaders first (the DP / master rendezvous must listen before workers dial it)."""
+    return sorted(containers, key=lambda h: (plan["hosts"].get(h, {}).get("role") != "leader", h))
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"serve_containers": serve_containers, "serve_order": serve_order, "serve_failures": serve_failures}

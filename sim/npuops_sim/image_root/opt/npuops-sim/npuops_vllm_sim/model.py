@@ -1,0 +1,452 @@
+"""The stand-in's "model": deterministic answers, token accounting, prefix cache, metrics, KV hand-over."""
+import base64
+import hashlib
+import json
+import os
+import random
+import re
+import socket
+import struct
+import threading
+import time
+import uuid
+from collections import OrderedDict
+
+TOKEN = re.compile(r"[\u2E80-\u9FFF\uF900-\uFAFF\uFF00-\uFFEF]|[A-Za-z0-9_]+|[^\s]")
+PREFILL_TOKENS_PER_S = float(os.environ.get("NPUOPS_SIM_PREFILL_TPS", "200000"))
+SECONDS_PER_TOKEN = float(os.environ.get("NPUOPS_SIM_TPOT", "0.002"))
+BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+           40.0, 80.0, 160.0, 640.0, 2560.0)
+
+
+class RequestError(Exception):
+    def __init__(self, msg, code=400):
+        Exception.__init__(self, msg)
+        self.code = code
+
+
+def error(msg, code=400):
+    return {"object": "error", "message": msg, "type": "BadRequestError" if code == 400 else "InternalServerError",
+            "param": None, "code": code}
+
+
+def tokens(text):
+    return TOKEN.findall(text or "")
+
+
+class Histogram(object):
+    def __init__(self):
+        self.counts = [0] * len(BUCKETS)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, v):
+        self.total += v
+        self.n += 1
+        for i, b in enumerate(BUCKETS):
+            if v <= b:
+                self.counts[i] += 1
+
+
+class Stats(object):
+    """Per-engine (DP rank) counters with vLLM's metric names."""
+
+    def __init__(self):
+        self.running = 0
+        self.waiting = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = {}
+        self.ttft = Histogram()
+        self.e2e = Histogram()
+        self.tpot = Histogram()
+
+
+class PrefixCache(object):
+    """Block hashes of prompts seen recently (LRU), as vLLM's automatic prefix caching keys them."""
+
+    def __init__(self, block, capacity_blocks):
+        self.block = block
+        self.capacity = capacity_blocks
+        self.blocks = OrderedDict()
+        self.lock = threading.Lock()
+
+    def lookup_and_insert(self, toks):
+        h = hashlib.sha256()
+        hits = 0
+        full = len(toks) // self.block
+        with self.lock:
+            missed = False
+            for i in range(full):
+                h.update("\x00".join(toks[i * self.block:(i + 1) * self.block]).encode())
+                key = h.hexdigest()
+                if not missed and key in self.blocks:
+                    hits += self.block
+                    self.blocks.move_to_end(key)
+                else:
+                    missed = True
+                    self.blocks[key] = True
+                    if len(self.blocks) > self.capacity:
+                        self.blocks.popitem(last=False)
+        return hits
+
+
+class KvConnector(object):
+    """MooncakeConnector stand-in: a producer serves each request's KV on its side-channel port (kv_port +
+    dp_rank * tp * pp); a consumer pulls it from the host/port the producer's response names. The two sides'
+    kv_connector_extra_config must be identical, as Mooncake requires."""
+
+    def __init__(self, config, host, port):
+        self.config = config
+        self.role = config.get("kv_role")
+        self.host = host
+        self.port = port
+        self.engine_id = config.get("engine_id") or str(uuid.uuid4())
+        self.extra = json.dumps(config.get("kv_connector_extra_config") or {}, sort_keys=True)
+        self.store = OrderedDict()
+        self.lock = threading.Lock()
+
+    def start(self):
+        if self.role not in ("kv_producer", "kv_both"):
+            return
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            srv.bind((self.host, self.port))
+        except OSError as e:
+            raise SystemExit("zmq.error.ZMQError: Address already in use (addr='tcp://%s:%d'): %s"
+                             % (self.host, self.port, e))
+        srv.listen(64)
+        threading.Thread(target=self._serve, args=(srv,), daemon=True).start()
+
+    def _serve(self, srv):
+        while True:
+            conn, _peer = srv.accept()
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn):
+        f = conn.makefile("rw")
+        try:
+            ask = json.loads(f.readline())
+            if json.dumps(ask.get("extra_config") or {}, sort_keys=True) != self.extra:
+                reply = {"error": "kv_connector_extra_config differs between prefill (%s) and decode (%s)"
+                                  % (self.extra, json.dumps(ask.get("extra_config"), sort_keys=True))}
+            else:
+                with self.lock:
+                    kv = self.store.pop(ask.get("request_id"), None)
+                reply = {"ok": True, "kv": kv} if kv else {"error": "no KV for request %s" % ask.get("request_id")}
+            f.write(json.dumps(reply) + "\n")
+            f.flush()
+        finally:
+            conn.close()
+
+    def keep(self, request_id, prompt_digest, n):
+        with self.lock:
+            self.store[request_id] = {"digest": prompt_digest, "tokens": n}
+            while len(self.store) > 4096:
+                self.store.popitem(last=False)
+
+    def pull(self, host, port, request_id, timeout=10.0):
+        try:
+            conn = socket.create_connection((host, int(port)), timeout=timeout)
+        except OSError as e:
+            raise RequestError("Mooncake transfer failed: cannot connect to %s:%s: %s" % (host, port, e), 500)
+        f = conn.makefile("rw")
+        f.write(json.dumps({"request_id": request_id, "extra_config": json.loads(self.extra)}) + "\n")
+        f.flush()
+        reply = json.loads(f.readline() or "{}")
+        conn.close()
+        if reply.get("error"):
+            raise RequestError("Mooncake transfer failed: %s" % reply["error"], 500)
+        return reply["kv"]
+
+
+class Engine(object):
+    def __init__(self, served, path, args, garbage, dp_ranks, complete):
+        self.served = served
+        self.path = path
+        self.args = args
+        self.garbage = garbage
+        self.complete = complete
+        self.kv = None
+        self.engines = [Stats() for _ in range(max(1, dp_ranks))]
+        self.next_engine = 0
+        self.lock = threading.Lock()
+        cap = int(os.environ.get("NPUOPS_SIM_KV_TOKENS", "2000000"))
+        self.cache = PrefixCache(args.block_size, max(1, cap // args.block_size))
+        self.created = int(time.time())
+
+    def ready(self):
+        return self.complete.is_set()
+
+    def models(self):
+        return {"object": "list", "data": [{"id": self.served, "object": "model", "created": self.created,
+                                            "owned_by": "vllm", "root": self.path, "parent": None,
+                                            "max_model_len": self.args.max_model_len}]}
+
+    # ------------------------------------------------------------------ requests
+    def prepare(self, body, chat):
+        model = body.get("model")
+        if model not in (None, self.served):
+            raise RequestError("The model `%s` does not exist." % model, 404)
+        images = []
+        if chat:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                raise RequestError("messages must be a non-empty list")
+            parts = []
+            for m in msgs:
+                content = m.get("content")
+                if isinstance(content, list):
+                    for c in content:
+                        if c.get("type") == "text":
+                            parts.append(c.get("text", ""))
+                        elif c.get("type") == "image_url":
+                            images.append(((c.get("image_url") or {}).get("url") or ""))
+                elif content:
+                    parts.append(str(content))
+                for call in m.get("tool_calls") or []:
+                    parts.append(json.dumps(call))
+            prompt = "\n".join(parts)
+            last_user = next((m for m in reversed(msgs) if m.get("role") == "user"), {})
+            question = last_user.get("content")
+            if isinstance(question, list):
+                question = " ".join(c.get("text", "") for c in question if c.get("type") == "text")
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list):
+                prompt = " ".join(str(p) for p in prompt)
+            question = prompt or ""
+        toks = tokens(prompt) + ["<img>"] * (576 * len(images))
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise RequestError("max_tokens must be at least 1, got %r" % max_tokens)
+        limit = self.args.max_model_len
+        if len(toks) + (max_tokens or 0) > limit:
+            raise RequestError(
+                "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the "
+                "messages, %d in the completion). Please reduce the length of the messages or completion."
+                % (limit, len(toks) + (max_tokens or 0), len(toks), max_tokens or 0))
+        kvp = body.get("kv_transfer_params") or {}
+        return {"chat": chat, "body": body, "prompt_tokens": toks, "question": question or "", "images": images,
+                "max_tokens": max_tokens or max(1, min(4096, limit - len(toks))), "kv": kvp,
+                "id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex}
+
+    def answer(self, req):
+        """-> (reasoning, content, tool_calls) for a request."""
+        body, q = req["body"], req["question"]
+        if self.garbage:
+            rnd = random.Random(hashlib.sha256(q.encode()).digest())
+            junk = "的 of ]] 血 。。 ## <unk> tens 零 ,, 0x ?? 了 _ a the 亿".split()
+            return None, " ".join(rnd.choice(junk) for _ in range(24)), None
+        tools = body.get("tools") or []
+        names = [t.get("function", {}).get("name") for t in tools]
+        if tools and body.get("tool_choice", "auto") != "none" and "get_weather" in names and \
+                re.search(r"weather|天气|气温", q, re.I):
+            city = re.search(r"(?:in|at|for)\s+([A-Z][\w\- ]+?)(?:[?.!,]|$)", q) or \
+                re.search(r"([\u4e00-\u9fff]{2,4}?)(?:的)?(?:天气|气温)", q)
+            args = {"city": (city.group(1).strip() if city else "Beijing")}
+            call = {"id": "chatcmpl-tool-" + uuid.uuid4().hex[:24], "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps(args, ensure_ascii=False)}}
+            return "The user wants the weather; I will call get_weather.", None, [call]
+        content = "我是 Kimi，由月之暗面开发的人工智能助手。"
+        reasoning = "The user asks who I am"
+        m = re.search(r"(\d+)\s*[*x×]\s*(\d+)", q)
+        if m:
+            a, b = int(m.group(1)), int(m.group(2))
+            content += " %d*%d=%d。" % (a, b, a * b)
+            reasoning += " and to compute %d*%d; %d*%d = %d." % (a, b, a, b, a * b)
+        for url in req["images"]:
+            content += " " + describe_image(url)
+        if len(req["prompt_tokens"]) > 2000:
+            content += " (I read all %d tokens of your message.)" % len(req["prompt_tokens"])
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not self.args.reasoning_parser or kwargs.get("thinking") is False:
+            reasoning = None
+        return reasoning, content, None
+
+    def _account(self, req, stream_cb=None):
+        """Runs the request: prefill (minus cached prefix), then decode; returns usage/timing."""
+        with self.lock:
+            stats = self.engines[self.next_engine % len(self.engines)]
+            self.next_engine += 1
+            stats.running += 1
+        t0 = time.time()
+        try:
+            toks = req["prompt_tokens"]
+            hits = self.cache.lookup_and_insert(toks) if self.args.enable_prefix_caching else 0
+            remote = req["kv"].get("do_remote_prefill")
+            if remote and self.kv:
+                self.kv.pull(req["kv"].get("remote_host"), req["kv"].get("remote_port"), req["kv"].get("request_id"))
+                hits = len(toks)
+            time.sleep(max(0, len(toks) - hits) / PREFILL_TOKENS_PER_S)
+            ttft = time.time() - t0
+            return stats, hits, ttft, t0
+        except Exception:
+            with self.lock:
+                stats.running -= 1
+            raise
+
+    def _finish(self, stats, req, hits, ttft, t0, n_out, reason):
+        e2e = time.time() - t0
+        with self.lock:
+            stats.running -= 1
+            stats.prefix_queries += len(req["prompt_tokens"])
+            stats.prefix_hits += hits
+            stats.prompt_tokens += len(req["prompt_tokens"])
+            stats.generation_tokens += n_out
+            stats.success[reason] = stats.success.get(reason, 0) + 1
+            stats.ttft.observe(ttft)
+            stats.e2e.observe(e2e)
+            if n_out > 1:
+                stats.tpot.observe((e2e - ttft) / (n_out - 1))
+
+    def _pieces(self, req):
+        reasoning, content, calls = self.answer(req)
+        if not req["chat"]:
+            n = req["max_tokens"] if req["body"].get("ignore_eos") else min(req["max_tokens"], 64)
+            return None, None, None, ["tok"] * n
+        out = tokens(reasoning or "") + tokens(content or "")
+        return reasoning, content, calls, out
+
+    def generate(self, req):
+        if req["kv"].get("do_remote_decode") and self.kv:
+            return self._prefill_only(req)
+        stats, hits, ttft, t0 = self._account(req)
+        reasoning, content, calls, out = self._pieces(req)
+        n = len(out) if calls else min(len(out), req["max_tokens"])
+        if calls:
+            reason = "tool_calls"
+        elif not req["chat"]:
+            reason = "length" if n == req["max_tokens"] else "stop"
+        else:
+            reason = "length" if n < len(out) else "stop"
+        time.sleep(n * SECONDS_PER_TOKEN)
+        self._finish(stats, req, hits, ttft, t0, n, reason)
+        usage = {"prompt_tokens": len(req["prompt_tokens"]), "completion_tokens": n,
+                 "total_tokens": len(req["prompt_tokens"]) + n,
+                 "prompt_tokens_details": {"cached_tokens": hits}}
+        if req["chat"]:
+            msg = {"role": "assistant", "content": content if calls is None else None,
+                   "reasoning_content": reasoning}
+            if calls:
+                msg["tool_calls"] = calls
+            if n < len(out) and content:
+                keep = max(0, n - len(tokens(reasoning or "")))
+                msg["content"] = "".join(tokens(content)[:keep])
+            return {"id": req["id"], "object": "chat.completion", "created": int(time.time()), "model": self.served,
+                    "choices": [{"index": 0, "message": msg, "finish_reason": reason}], "usage": usage}
+        return {"id": req["id"], "object": "text_completion", "created": int(time.time()), "model": self.served,
+                "choices": [{"index": 0, "text": " ".join(out[:n]), "finish_reason": reason}], "usage": usage}
+
+    def _prefill_only(self, req):
+        """The prefill side of PD: one token, and where the decode side fetches the KV from."""
+        stats, hits, ttft, t0 = self._account(req)
+        rid = req["kv"].get("request_id") or req["id"]
+        self.kv.keep(rid, hashlib.sha256("\x00".join(req["prompt_tokens"]).encode()).hexdigest(),
+                     len(req["prompt_tokens"]))
+        self._finish(stats, req, hits, ttft, t0, 1, "length")
+        params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.kv.engine_id,
+                  "remote_host": self.kv.host, "remote_port": self.kv.port, "remote_block_ids": [0],
+                  "request_id": rid}
+        usage = {"prompt_tokens": len(req["prompt_tokens"]), "completion_tokens": 1,
+                 "total_tokens": len(req["prompt_tokens"]) + 1}
+        choice = {"index": 0, "finish_reason": "length"}
+        choice.update({"message": {"role": "assistant", "content": ""}} if req["chat"] else {"text": ""})
+        return {"id": req["id"], "object": "chat.completion" if req["chat"] else "text_completion",
+                "model": self.served, "choices": [choice], "usage": usage, "kv_transfer_params": params}
+
+    def generate_stream(self, req):
+        stats, hits, ttft, t0 = self._account(req)
+        reasoning, content, calls, out = self._pieces(req)
+        created = int(time.time())
+        n = 0
+        kind = "chat.completion.chunk" if req["chat"] else "text_completion"
+
+        def chunk(delta, reason=None):
+            if req["chat"]:
+                choice = {"index": 0, "delta": delta, "finish_reason": reason}
+            else:
+                choice = {"index": 0, "text": delta.get("content", ""), "finish_reason": reason}
+            return json.dumps({"id": req["id"], "object": kind, "created": created, "model": self.served,
+                               "choices": [choice]})
+
+        if req["chat"]:
+            yield chunk({"role": "assistant", "content": ""})
+        budget = req["max_tokens"]
+        for field, text in (("reasoning_content", reasoning), ("content", content)):
+            for tok in (tokens(text) if text else []):
+                if n >= budget:
+                    break
+                time.sleep(SECONDS_PER_TOKEN)
+                n += 1
+                yield chunk({field: tok})
+        if calls:
+            yield chunk({"tool_calls": [dict(c, index=i) for i, c in enumerate(calls)]})
+        if not req["chat"]:
+            for tok in out:
+                if n >= budget:
+                    break
+                time.sleep(SECONDS_PER_TOKEN)
+                n += 1
+                yield chunk({"content": " " + tok})
+        reason = "tool_calls" if calls else ("length" if n >= budget else "stop")
+        self._finish(stats, req, hits, ttft, t0, max(n, 1), reason)
+        yield chunk({}, reason)
+        yield json.dumps({"id": req["id"], "object": kind, "created": created, "model": self.served, "choices": [],
+                          "usage": {"prompt_tokens": len(req["prompt_tokens"]), "completion_tokens": n,
+                                    "total_tokens": len(req["prompt_tokens"]) + n}})
+        yield "[DONE]"
+
+    # ------------------------------------------------------------------ metrics
+    def metrics(self):
+        lines = []
+        name = self.served
+        series = [(str(i), s) for i, s in enumerate(self.engines)]
+
+        def emit(metric, kind, value_of, extra=""):
+            lines.append("# TYPE %s %s" % (metric, kind))
+            for engine, s in series:
+                lines.append('%s{engine="%s",model_name="%s"%s} %s' % (metric, engine, name, extra, value_of(s)))
+
+        emit("vllm:num_requests_running", "gauge", lambda s: s.running)
+        emit("vllm:num_requests_waiting", "gauge", lambda s: s.waiting)
+        emit("vllm:kv_cache_usage_perc", "gauge", lambda s: round(min(1.0, s.running / 16.0), 3))
+        emit("vllm:prefix_cache_queries_total", "counter", lambda s: s.prefix_queries)
+        emit("vllm:prefix_cache_hits_total", "counter", lambda s: s.prefix_hits)
+        emit("vllm:prompt_tokens_total", "counter", lambda s: s.prompt_tokens)
+        emit("vllm:generation_tokens_total", "counter", lambda s: s.generation_tokens)
+        lines.append("# TYPE vllm:request_success_total counter")
+        for engine, s in series:
+            for reason in ("stop", "length", "tool_calls", "abort"):
+                lines.append('vllm:request_success_total{engine="%s",finished_reason="%s",model_name="%s"} %d'
+                             % (engine, reason, name, s.success.get(reason, 0)))
+        for metric, attr in (("vllm:time_to_first_token_seconds", "ttft"), ("vllm:e2e_request_latency_seconds", "e2e"),
+                             ("vllm:request_time_per_output_token_seconds", "tpot")):
+            lines.append("# TYPE %s histogram" % metric)
+            for engine, s in series:
+                h = getattr(s, attr)
+                for b, c in zip(BUCKETS, h.counts):
+                    lines.append('%s_bucket{engine="%s",le="%s",model_name="%s"} %d' % (metric, engine, b, name, c))
+                lines.append('%s_bucket{engine="%s",le="+Inf",model_name="%s"} %d' % (metric, engine, name, h.n))
+                lines.append('%s_sum{engine="%s",model_name="%s"} %f' % (metric, engine, name, h.total))
+                lines.append('%s_count{engine="%s",model_name="%s"} %d' % (metric, engine, name, h.n))
+        return "\n".join(lines) + "\n"
+
+
+def describe_image(url):
+    """What the stand-in 'sees': the size of a PNG/JPEG data URL."""
+    if not url.startswith("data:"):
+        return "(I cannot fetch images from %s)" % url.split(":", 1)[0]
+    try:
+        raw = base64.b64decode(url.split(",", 1)[1])
+    except (ValueError, IndexError):
+        return "(the image could not be decoded)"
+    if raw[:8] == b"\x89PNG\r\n\x1a\n":
+        w, h = struct.unpack(">II", raw[16:24])
+        return "The image is a %dx%d PNG." % (w, h)
+    if raw[:2] == b"\xff\xd8":
+        return "The image is a JPEG."
+    return "(the image format is not recognized)"

@@ -1,0 +1,454 @@
+"""`vllm serve` of the stand-in: checks, rendezvous of the ranks, the OpenAI-compatible API, metrics."""
+import glob
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from . import model as lm
+
+VISIBLE = "ASCEND_RT_VISIBLE_DEVICES"
+HCCN_CONF = os.environ.get("NPUOPS_SIM_HCCN_CONF", "/etc/hccn.conf")
+SHM = os.environ.get("NPUOPS_SIM_SHM", "/dev/shm")
+DEV = os.environ.get("NPUOPS_SIM_DEV", "/dev")
+MIN_SHM = 1 << 30
+
+
+def log(level, msg):
+    sys.stdout.write("%s %s [npuops-sim] %s\n" % (level, time.strftime("%m-%d %H:%M:%S"), msg))
+    sys.stdout.flush()
+
+
+def die(msg, code=1):
+    log("ERROR", msg)
+    sys.stdout.flush()
+    os._exit(code)
+
+
+# ----------------------------------------------------------------------------------------- checks
+
+def local_addresses():
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], stdout=subprocess.PIPE, text=True).stdout
+    nics = {}
+    for line in out.splitlines():
+        parts = line.split()
+        nics.setdefault(parts[1], []).append(parts[3].split("/")[0])
+    return nics
+
+
+def npu_map():
+    """logic id -> physical id from npu-smi info -m (mounted from the host, as vLLM-Ascend containers have it)."""
+    try:
+        out = subprocess.run(["npu-smi", "info", "-m"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        die("RuntimeError: Failed to infer device type: npu-smi is not available in the container (%s); mount "
+            "/usr/local/bin/npu-smi and the driver" % e)
+    if "dcmi module initialize failed" in out:
+        die("RuntimeError: Failed to infer device type: npu-smi: %s (are /dev/davinci_manager and the driver "
+            "mounted?)" % out.strip())
+    rows = [r.split() for r in out.splitlines()[1:] if r.strip() and "Mcu" not in r]
+    return dict((int(r[2]), int(r[3])) for r in rows if len(r) >= 5)
+
+
+def check_devices(local_world):
+    visible = os.environ.get(VISIBLE)
+    ids = [int(x) for x in visible.split(",") if x.strip()] if visible else None
+    if ids is None:
+        ids = sorted(int(re.sub(r"\D", "", p)) for p in glob.glob(os.path.join(DEV, "davinci[0-9]*")))
+    if len(ids) < local_world:
+        die("ValueError: this node runs %d NPU workers (tensor x pipeline x local data parallel) but only %d NPUs "
+            "are visible (%s=%s)" % (local_world, len(ids), VISIBLE, visible))
+    mapping = npu_map()
+    for logic in ids[:local_world]:
+        phy = mapping.get(logic)
+        if phy is None:
+            die("RuntimeError: NPU %d is not known to npu-smi on this node" % logic)
+        if not os.path.exists(os.path.join(DEV, "davinci%d" % phy)):
+            die("RuntimeError: call aclrtSetDevice failed, ret=507033: /dev/davinci%d (NPU %d) is not in the "
+                "container; pass it with --device" % (phy, logic))
+    for dev in ("davinci_manager", "devmm_svm", "hisi_hdc"):
+        if not os.path.exists(os.path.join(DEV, dev)):
+            die("RuntimeError: drvInit failed: /dev/%s is not in the container" % dev)
+
+
+def check_shm(local_world):
+    try:
+        st = os.statvfs(SHM)
+        size = st.f_blocks * st.f_frsize
+    except OSError:
+        size = 0
+    if local_world > 1 and size < MIN_SHM:
+        time.sleep(3)  # vLLM waits 60 s for a broadcast block before giving up
+        die("No available shared memory broadcast block found in 60 seconds. This typically happens when some "
+            "processes are hanging or doing some time-consuming work (/dev/shm is %d MB)" % (size >> 20))
+
+
+def check_network():
+    """HCCL_IF_IP / VLLM_HOST_IP must belong to this node, on the NIC *_SOCKET_IFNAME names."""
+    nics = local_addresses()
+    mine = set(a for addrs in nics.values() for a in addrs)
+    for var in ("HCCL_IF_IP", "VLLM_HOST_IP"):
+        ip = os.environ.get(var)
+        if ip and ip not in mine:
+            die("RuntimeError: [Gloo] %s=%s is not an address of this node (addresses: %s); connectFullMesh failed"
+                % (var, ip, ", ".join(sorted(mine))))
+    for var in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"):
+        nic = os.environ.get(var)
+        if nic and nic not in nics:
+            die("RuntimeError: [enforce fail at gloo] Unable to find interface for: [%s] (%s)" % (nic, var))
+        ip = os.environ.get("HCCL_IF_IP")
+        if nic and ip and ip not in nics.get(nic, []):
+            die("RuntimeError: [Gloo] %s=%s does not own HCCL_IF_IP=%s; connectFullMesh failed" % (var, nic, ip))
+
+
+def load_weights(path):
+    if not os.path.isdir(path):
+        die("OSError: %s does not exist (is the model directory mounted into the container?)" % path)
+    if not os.path.exists(os.path.join(path, "config.json")):
+        die("OSError: %s does not appear to have a file named config.json" % path)
+    shards = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not shards:
+        die("RuntimeError: no *.safetensors weights found in %s" % path)
+    total = 0
+    for shard in shards:
+        with open(shard, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else 1 << 62
+            if n > 100 << 20:
+                die("safetensors_rust.SafetensorError: Error while deserializing header: %s" % shard)
+            try:
+                json.loads(f.read(n))
+            except ValueError:
+                die("safetensors_rust.SafetensorError: invalid header in %s" % shard)
+        total += os.path.getsize(shard)
+    time.sleep(min(3.0, total / 20e9))
+    log("INFO", "Loading weights took %.2f GB from %d shards" % (total / 1e9, len(shards)))
+    return total
+
+
+# ----------------------------------------------------------------------------------------- ranks
+
+class Group(object):
+    """The leader side of a rendezvous: ranks that joined over TCP, refused on mismatch or duplicates."""
+
+    def __init__(self, kind, expected, signature):
+        self.kind = kind  # "node" (multinode) or "dp"
+        self.expected = set(expected)
+        self.signature = signature
+        self.joined = {}
+        self.lock = threading.Lock()
+        self.complete = threading.Event()
+        self.members = []
+        if not self.expected:
+            self.complete.set()
+
+    def listen(self, address, port):
+        try:
+            srv = socket.socket()
+            srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            srv.bind((address, port))
+            srv.listen(64)
+        except OSError as e:
+            die("zmq.error.ZMQError: %s (addr='tcp://%s:%d')" % (e.strerror or e, address, port))
+        t = threading.Thread(target=self.accept, args=(srv,))
+        t.daemon = True
+        t.start()
+        log("INFO", "%s rendezvous listening on %s:%d, waiting for %s" % (
+            "Master" if self.kind == "node" else "DP coordinator", address, port, sorted(self.expected)))
+
+    def accept(self, srv):
+        while True:
+            conn, peer = srv.accept()
+            threading.Thread(target=self.handle, args=(conn, peer[0]), daemon=True).start()
+
+    def handle(self, conn, peer):
+        f = conn.makefile("rw")
+        try:
+            hello = json.loads(f.readline())
+        except ValueError:
+            conn.close()
+            return
+        ranks = hello.get("ranks", [])
+        err = None
+        for key, value in self.signature.items():
+            if hello.get("signature", {}).get(key) != value:
+                err = "%s differs: the leader has %r, %s sent %r" % (key, value, peer,
+                                                                      hello.get("signature", {}).get(key))
+                break
+        with self.lock:
+            if err is None:
+                for r in ranks:
+                    if r in self.joined:
+                        err = "%s rank %d is already taken by %s" % ("node" if self.kind == "node" else "DP", r,
+                                                                     self.joined[r])
+                        break
+                    if r not in self.expected:
+                        err = "%s rank %d is not one this group waits for (%s)" % (self.kind, r, sorted(self.expected))
+                        break
+            if err is None:
+                for r in ranks:
+                    self.joined[r] = peer
+                self.members.append(f)
+                log("INFO", "%s rank(s) %s joined from %s (%d/%d)" % (self.kind, ranks, peer, len(self.joined),
+                                                                      len(self.expected)))
+                if set(self.joined) == self.expected:
+                    self.complete.set()
+                    for m in self.members:
+                        try:
+                            m.write(json.dumps({"complete": True}) + "\n")
+                            m.flush()
+                        except OSError:
+                            pass
+        if err:
+            log("ERROR", "refusing %s: %s" % (peer, err))
+            f.write(json.dumps({"error": err}) + "\n")
+            f.flush()
+            conn.close()
+            return
+        f.write(json.dumps({"ok": True, "complete": self.complete.is_set()}) + "\n")
+        f.flush()
+        # a member that goes away is an engine core that died: vLLM's leader fails with it
+        try:
+            while conn.recv(1024):
+                pass
+        except OSError:
+            pass
+        with self.lock:
+            gone = [r for r in ranks if self.joined.get(r) == peer]
+        if gone:
+            die("EngineDeadError: %s rank(s) %s at %s went away" % (self.kind, gone, peer))
+
+
+def join(address, port, ranks, signature, timeout):
+    """The member side: dial the leader until it answers (or the engine-ready timeout passes)."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            conn = socket.create_connection((address, port), timeout=5)
+            break
+        except OSError as e:
+            last = e
+            time.sleep(1)
+    else:
+        die("RuntimeError: Did not receive response from front-end process within %d minutes (dialing %s:%d: %s)"
+            % (max(1, timeout // 60), address, port, last))
+    conn.settimeout(None)
+    f = conn.makefile("rw")
+    f.write(json.dumps({"ranks": ranks, "signature": signature}) + "\n")
+    f.flush()
+    answer = json.loads(f.readline() or "{}")
+    if answer.get("error"):
+        die("RuntimeError: the leader at %s:%d refused this engine: %s" % (address, port, answer["error"]))
+    log("INFO", "joined the leader at %s:%d as rank(s) %s" % (address, port, ranks))
+    return conn, f, answer.get("complete", False)
+
+
+def follow(conn, f, complete):
+    """Wait for the group to complete; the engine dies when the leader goes away."""
+    def watch():
+        while True:
+            line = f.readline()
+            if not line:
+                die("EngineDeadError: the leader closed the connection")
+            if json.loads(line).get("complete"):
+                complete.set()
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+
+
+# ----------------------------------------------------------------------------------------- serve
+
+def run(args):
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    model_path = args.model_tag or args.model
+    if not model_path:
+        die("vllm serve: error: the model is required")
+    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    dp = args.data_parallel_size
+    dp_local = args.data_parallel_size_local or (1 if args.data_parallel_address else dp)
+    served = (args.served_model_name or [model_path])[0]
+    kv = args.kv_transfer_config or {}
+    log("INFO", "vLLM-Ascend stand-in %s serving %s (tp=%d pp=%d dp=%d nnodes=%d)" % (
+        "0.23.0", model_path, tp, pp, dp, args.nnodes))
+
+    # vLLM's own argument rules
+    if args.headless and args.api_server_count > 1:
+        die("ValueError: api_server_count can't be set in headless mode", 2)
+    if args.nnodes > 1:
+        if (tp * pp) % args.nnodes:
+            die("ValueError: tensor_parallel_size x pipeline_parallel_size = %d must be divisible by nnodes = %d"
+                % (tp * pp, args.nnodes))
+        if not 0 <= args.node_rank < args.nnodes:
+            die("ValueError: node_rank %d out of range for nnodes %d" % (args.node_rank, args.nnodes))
+        if args.node_rank > 0 and not args.headless:
+            die("ValueError: node_rank > 0 needs --headless (only the first node serves the API)")
+        local_world = tp * pp // args.nnodes
+    else:
+        if dp % dp_local:
+            die("ValueError: data_parallel_size %d is not a multiple of data_parallel_size_local %d" % (dp, dp_local))
+        local_world = tp * pp * dp_local
+    if pp > 1 and dp > 1:
+        die("NotImplementedError: pipeline parallelism together with data parallelism across nodes is not "
+            "supported for MoE over RoCE (MoeDistributeDispatch)")
+    if args.data_parallel_rank is not None and args.data_parallel_start_rank is not None:
+        die("ValueError: --data-parallel-rank and --data-parallel-start-rank exclude each other")
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        die("TypeError: --enable-auto-tool-choice requires --tool-call-parser to be set")
+    if kv:
+        if kv.get("kv_connector") not in ("MooncakeConnectorV1", "MooncakeLayerwiseConnector"):
+            die("ValueError: unknown kv_connector %r" % kv.get("kv_connector"))
+        if kv.get("kv_role") not in ("kv_producer", "kv_consumer", "kv_both"):
+            die("ValueError: unknown kv_role %r" % kv.get("kv_role"))
+        if kv.get("kv_role") == "kv_consumer" and pp != 1:
+            die("ValueError: MooncakeConnectorV1 requires decode pipeline_parallel_size = 1")
+
+    check_network()
+    check_devices(local_world)
+    multi_node = args.nnodes > 1 or dp > dp_local or bool(kv)
+    garbage = False
+    if multi_node and not os.path.exists(HCCN_CONF):
+        log("WARNING", "[HCCL] 'device ip' is not set correctly, must be set when multi Server or HCCL INTRA ROCE "
+                       "ENABLE enabled (%s is missing)" % HCCN_CONF)
+        garbage = True
+    check_shm(local_world)
+    load_weights(model_path)
+
+    signature = {"model": os.path.basename(model_path.rstrip("/")), "tp": tp, "pp": pp, "dp": dp,
+                 "nnodes": args.nnodes, "kv_role": kv.get("kv_role")}
+    ready_timeout = int(os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S", "600"))
+    complete = threading.Event()
+    host_ip = os.environ.get("VLLM_HOST_IP") or args.host or "0.0.0.0"
+    if args.nnodes > 1:
+        if args.node_rank == 0:
+            group = Group("node", range(1, args.nnodes), signature)
+            group.listen(args.master_addr, args.master_port)
+            complete = group.complete
+        else:
+            conn, f, done = join(args.master_addr, args.master_port, [args.node_rank], signature, ready_timeout)
+            if done:
+                complete.set()
+            follow(conn, f, complete)
+    elif dp > 1:
+        start = args.data_parallel_rank if args.data_parallel_rank is not None else \
+            (args.data_parallel_start_rank or 0)
+        ranks = list(range(start, start + dp_local))
+        if not args.data_parallel_address:
+            die("ValueError: --data-parallel-size > --data-parallel-size-local needs --data-parallel-address")
+        leader = args.data_parallel_address in set(a for addrs in local_addresses().values() for a in addrs) \
+            and start == 0
+        if leader:
+            group = Group("dp", set(range(dp)) - set(ranks), signature)
+            group.listen(args.data_parallel_address, args.data_parallel_rpc_port)
+            complete = group.complete
+        else:
+            if start == 0 and args.data_parallel_address:
+                die("RuntimeError: DP rank 0 must run on --data-parallel-address %s, which is not an address of "
+                    "this node" % args.data_parallel_address)
+            conn, f, done = join(args.data_parallel_address, args.data_parallel_rpc_port, ranks, signature,
+                                 ready_timeout)
+            if done:
+                complete.set()
+            follow(conn, f, complete)
+    else:
+        complete.set()
+
+    engine = lm.Engine(served, model_path, args, garbage=garbage, dp_ranks=dp if args.data_parallel_rank is None
+                       else 1, complete=complete)
+    if kv:
+        dp_rank = args.data_parallel_rank or 0
+        engine.kv = lm.KvConnector(kv, host_ip, int(kv.get("kv_port", 14579)) + dp_rank * tp * pp)
+        engine.kv.start()
+    if args.headless:
+        log("INFO", "headless engine: no API server on this node")
+        while True:
+            time.sleep(3600)
+    api_key = args.api_key or os.environ.get("VLLM_API_KEY")
+    srv = ThreadingHTTPServer((args.host or "0.0.0.0", args.port), handler(engine, api_key))
+    srv.daemon_threads = True
+    log("INFO", "Starting vLLM API server on http://%s:%d" % (args.host or "0.0.0.0", args.port))
+    srv.serve_forever()
+    return 0
+
+
+def handler(engine, api_key):
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *a):
+            log("INFO", "%s - \"%s\" %s" % (self.client_address[0], self.requestline, a[1] if len(a) > 1 else ""))
+
+        def send(self, code, body, ctype="application/json"):
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def authorized(self):
+            if not api_key or not self.path.startswith("/v1"):
+                return True
+            if self.headers.get("Authorization") == "Bearer " + api_key:
+                return True
+            self.send(401, {"error": "Unauthorized"})
+            return False
+
+        def do_GET(self):
+            if not self.authorized():
+                return
+            if self.path == "/health":
+                return self.send(200 if engine.ready() else 503, b"", "text/plain")
+            if self.path == "/version":
+                return self.send(200, {"version": "0.23.0"})
+            if self.path == "/v1/models":
+                return self.send(200, engine.models())
+            if self.path == "/metrics":
+                return self.send(200, engine.metrics().encode(), "text/plain; version=0.0.4")
+            self.send(404, {"detail": "Not Found"})
+
+        def do_POST(self):
+            if not self.authorized():
+                return
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            except ValueError:
+                return self.send(400, lm.error("invalid JSON body"))
+            if not engine.ready():
+                return self.send(503, lm.error("the engine is not ready", 503))
+            if self.path not in ("/v1/chat/completions", "/v1/completions"):
+                return self.send(404, {"detail": "Not Found"})
+            chat = self.path == "/v1/chat/completions"
+            try:
+                req = engine.prepare(body, chat)
+            except lm.RequestError as e:
+                return self.send(e.code, lm.error(str(e), e.code))
+            if body.get("stream"):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for event in engine.generate_stream(req):
+                    chunk = ("data: %s\n\n" % event).encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                return
+            try:
+                self.send(200, engine.generate(req))
+            except lm.RequestError as e:
+                self.send(e.code, lm.error(str(e), e.code))
+
+    return H
+
+
+def rng():
+    return random.Random(os.getpid())
