@@ -5,12 +5,13 @@
 #   sanity  ansible-test sanity + units from the collection directory (offline get-pip stand-in)
 #   sim     pytest -m sim: the simulated cluster, and the playbooks on it (root: namespaces, sshd, podman)
 #   molecule  the molecule scenarios on the simulated cluster
+#   vllm_args the example inventories' vllm serve command lines, checked by vLLM 0.32's own parser
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ANSIBLE_CONFIG="$PWD/ansible.cfg" PYTHONPATH="$PWD/sim" PATH="$PWD/.venv/bin:$PATH"
 COLLECTION=collections/ansible_collections/npuops/ascend
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(lint unit sanity sim molecule)
+[ ${#stages[@]} -gt 0 ] || stages=(lint unit sanity vllm_args sim molecule)
 
 timed() {
   local name=$1; shift
@@ -66,6 +67,10 @@ sim() {
     return 1
   fi
   pytest -q -m sim -p no:cacheprovider
+}
+
+vllm_args() {
+  tools/vllm_argcheck.sh
 }
 
 molecule() {

@@ -195,6 +195,24 @@ def serve_failures(hostvars, hosts, key):
     return out
 
 
+def plan_report(containers, plan):
+    """plan.yml's output: {host: {role, instance, rank, container}} plus the proxy and the endpoint."""
+    hosts = {}
+    for host, entry in sorted(plan["hosts"].items()):
+        c = containers[host]["engine"]
+        hosts[host] = {"role": entry["role"], "instance": entry["instance"], "rank": entry["dp_start_rank"]
+                       if entry["launch"] != "multinode" else entry["node_rank"], "headless": entry["headless"],
+                       "container": dict((k, c[k]) for k in ("name", "image", "command", "env", "devices", "mounts",
+                                                             "shm_size"))}
+        hosts[host]["container"]["argv"] = hosts[host]["container"].pop("command")
+    proxy = None
+    if plan.get("proxy"):
+        p = containers[plan["proxy"]["host"]]["proxy"]
+        proxy = {"host": plan["proxy"]["host"], "container": {"name": p["name"], "image": p["image"],
+                                                             "argv": p["command"], "env": p["env"]}}
+    return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "proxy": proxy}
+
+
 def serve_order(containers, plan):
     """Hosts in start order: leaders first (the DP / master rendezvous must listen before workers dial it)."""
     return sorted(containers, key=lambda h: (plan["hosts"].get(h, {}).get("role") != "leader", h))
@@ -202,4 +220,5 @@ def serve_order(containers, plan):
 
 class FilterModule(object):
     def filters(self):
-        return {"serve_containers": serve_containers, "serve_order": serve_order, "serve_failures": serve_failures}
+        return {"serve_containers": serve_containers, "serve_order": serve_order, "serve_failures": serve_failures,
+                "plan_report": plan_report}

@@ -1,0 +1,100 @@
+# -*- coding: utf-8 -*-
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.npuops.ascend.plugins.filter import serve, topology
+from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, presets, tier_spec
+
+OPTS = {"model_dir": "/data/models/k3", "image": "quay.io/ascend/vllm-ascend:v0.23.0-a3"}
+
+
+def containers(tier_name, n, preset="kimi_k3_w4a8", extra_groups=None, **tier_values):
+    groups, hv = inventory(n)
+    groups.update(extra_groups(groups) if extra_groups else {})
+    tier = tier_spec(tier_name, **tier_values)
+    plan = topology.plan_topology(groups, hv, tier)
+    return serve.serve_containers(plan, hv, tier, presets()[preset], OPTS), plan, hv, tier
+
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_2node_pp_leader_and_headless_worker():
+    out, _plan, _hv, _t = containers("2node_pp", 2, "kimi_k3_1_pro_w4a8")
+    lead, work = out["node01"]["engine"], out["node02"]["engine"]
+    for c, rank in ((lead, "0"), (work, "1")):
+        argv = c["command"]
+        assert flag(argv, "--nnodes") == "2" and flag(argv, "--node-rank") == rank
+        assert flag(argv, "--master-addr") == "10.0.0.11" and flag(argv, "--pipeline-parallel-size") == "2"
+        assert flag(argv, "--kv-cache-dtype") == "int8" and flag(argv, "--block-size") == "768"
+        assert "--data-parallel-size" not in argv
+    assert "--headless" in work["command"] and "--port" not in work["command"]
+    assert flag(lead["command"], "--host") == "10.0.0.11" and work["ready_url"] == "http://10.0.0.11:8000/health"
+    assert work["peers"] == ["10.0.0.11:29500"] and lead["peers"] == []
+
+
+def test_4node_dp_env_devices_and_mounts():
+    out, _plan, _hv, _t = containers("4node_dp", 4)
+    c = out["node03"]["engine"]
+    assert flag(c["command"], "--data-parallel-start-rank") == "2" and "--headless" in c["command"]
+    assert flag(c["command"], "--data-parallel-address") == "10.0.0.11"
+    env = c["env"]
+    assert env["HCCL_IF_IP"] == env["VLLM_HOST_IP"] == "10.0.0.13"
+    assert env["GLOO_SOCKET_IFNAME"] == env["TP_SOCKET_IFNAME"] == env["HCCL_SOCKET_IFNAME"] == "enp189s0f0"
+    assert env["ASCEND_RT_VISIBLE_DEVICES"] == ",".join(str(i) for i in range(16))
+    assert env["HCCL_BUFFSIZE"] == "1024" and env["HCCL_BUFFSIZE_EP"] == "2048"
+    assert c["devices"][:2] == ["/dev/davinci0", "/dev/davinci1"] and "/dev/hisi_hdc" in c["devices"]
+    assert len(c["devices"]) == 19
+    assert "/etc/hccn.conf:/etc/hccn.conf:ro" in c["mounts"] and "/data/models/k3:/data/models/k3:ro" in c["mounts"]
+    assert c["shm_size"] == "16g"
+
+
+def test_8p8d_kv_transfer_and_proxy():
+    out, plan, _hv, _t = containers("8p8d_pd", 16, extra_groups=lambda g: {"prefill": g["npu_nodes"][:8],
+                                                                           "decode": g["npu_nodes"][8:]},
+                                    npuops_proxy_host="node01")
+    p, d = out["node03"]["engine"], out["node12"]["engine"]
+    kvp = json.loads(flag(p["command"], "--kv-transfer-config"))
+    kvd = json.loads(flag(d["command"], "--kv-transfer-config"))
+    assert (kvp["kv_role"], kvp["kv_port"], kvd["kv_role"], kvd["kv_port"]) == ("kv_producer", "36000",
+                                                                               "kv_consumer", "36200")
+    assert kvp["kv_connector_extra_config"] == kvd["kv_connector_extra_config"]
+    assert kvp["engine_id"] == "prefill-2" and kvd["engine_id"] == "decode-3"
+    assert flag(p["command"], "--data-parallel-rank") == "2" and "--headless" not in p["command"]
+    assert "--no-enable-prefix-caching" in d["command"] and "--enable-prefix-caching" in p["command"]
+    assert p["env"]["HCCL_BUFFSIZE"] == "256" and d["env"]["HCCL_BUFFSIZE"] == "1024"
+    assert d["env"]["VLLM_ASCEND_ENABLE_MLAPO"] == "1" and "VLLM_ASCEND_ENABLE_MLAPO" not in p["env"]
+    proxy = out["node01"]["proxy"]["command"]
+    hosts = proxy[proxy.index("--prefiller-hosts") + 1:proxy.index("--prefiller-ports")]
+    assert hosts == ["10.0.0.%d" % (11 + i) for i in range(8)]
+    assert proxy[proxy.index("--decoder-ports") + 1:] == ["8000"] * 8
+    report = serve.plan_report(out, plan)
+    assert report["proxy"]["host"] == "node01" and report["hosts"]["node12"]["rank"] == 3
+
+
+def test_per_host_overrides_reach_the_argv_and_the_peer_check():
+    groups, hv = inventory(4)
+    hv["node04"]["npuops_vllm_overrides"] = {"data_parallel_address": "10.0.0.99"}
+    hv["node02"]["npuops_env_overrides"] = {"HCCL_BUFFSIZE": 2048}
+    tier = tier_spec("4node_dp")
+    plan = topology.plan_topology(groups, hv, tier)
+    out = serve.serve_containers(plan, hv, tier, presets()["kimi_k3_w4a8"], OPTS)
+    assert out["node04"]["engine"]["peers"] == ["10.0.0.99:13389"]
+    assert out["node02"]["engine"]["env"]["HCCL_BUFFSIZE"] == "2048"
+    hv["node03"]["npuops_vllm_overrides"] = {"max_num_seq": 8}
+    with pytest.raises(AnsibleFilterError, match=r"host node03: unknown vllm serve option 'max_num_seq' \(did you mean "
+                                                 r"max_num_seqs"):
+        serve.serve_containers(plan, hv, tier, presets()["kimi_k3_w4a8"], OPTS)
+
+
+def test_failures_are_read_from_the_registered_results():
+    hv = {"a": {"r": {"changed": False, "msg": "vllm: exited with code 1"}}, "b": {"r": {"changed": False}},
+          "c": {"r": {"skipped": True, "msg": "x"}}}
+    assert serve.serve_failures(hv, ["a", "b", "c"], "r") == ["a: vllm: exited with code 1"]
