@@ -147,8 +147,7 @@ def serve_containers(plan, hostvars, tier, model, options):
             "command": argv,
             "env": engine_env(entry, hostvars, host, tier, instance, dies),
             "devices": ["/dev/davinci%d" % int(d) for d in devices] + MGMT_DEVICES,
-            "mounts": ["%s:%s:ro" % (m, m) for m in HOST_MOUNTS] + ["%s:%s:ro" % (options["model_dir"],
-                                                                                options["model_dir"])],
+            "mounts": ["%s:%s:ro" % (m, m) for m in HOST_MOUNTS + [options["model_dir"]]],
             "shm_size": options.get("shm_size", "16g"),
             "privileged": bool(options.get("privileged", False)),
             "ready_url": "http://%s:%d/health" % (ready_host["node_ip"], ready_host["api_port"]),
@@ -171,8 +170,8 @@ def serve_containers(plan, hostvars, tier, model, options):
             "mounts": [],
             "shm_size": None,
             "privileged": False,
-            "ready_url": "http://%s:%d%s" % (proxy["address"], proxy["port"], tier["proxy"].get("health",
-                                                                                            "/healthcheck")),
+            "ready_url": "http://%s:%d%s" % (proxy["address"], proxy["port"],
+                                             tier["proxy"].get("health", "/healthcheck")),
             "peers": [],
             "instance": "proxy",
             "role": "proxy",
@@ -208,8 +207,8 @@ def plan_report(containers, plan):
     proxy = None
     if plan.get("proxy"):
         p = containers[plan["proxy"]["host"]]["proxy"]
-        proxy = {"host": plan["proxy"]["host"], "container": {"name": p["name"], "image": p["image"],
-                                                             "argv": p["command"], "env": p["env"]}}
+        proxy = {"host": plan["proxy"]["host"],
+                 "container": {"name": p["name"], "image": p["image"], "argv": p["command"], "env": p["env"]}}
     return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "proxy": proxy}
 
 

@@ -19,11 +19,8 @@ import os
 import socket
 import time
 
-try:
-    from urllib.request import urlopen
-    from urllib.error import URLError, HTTPError
-except ImportError:  # pragma: no cover
-    urlopen = URLError = HTTPError = None
+from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
+from ansible.module_utils.urls import open_url
 
 HASH_LABEL = "io.npuops.config-hash"
 SPEC_LABEL = "io.npuops.spec"
@@ -101,8 +98,8 @@ class Engine(object):
         argv = ["run", "-d", "--name", name]
         h = config_hash(spec)
         argv += ["--label", "%s=%s" % (HASH_LABEL, h)]
-        argv += ["--label", "%s=%s" % (SPEC_LABEL, base64.b64encode(json.dumps(public_spec(spec), sort_keys=True)
-                                                                     .encode()).decode())]
+        public = json.dumps(public_spec(spec), sort_keys=True).encode()
+        argv += ["--label", "%s=%s" % (SPEC_LABEL, base64.b64encode(public).decode())]
         for k, v in sorted((spec.get("labels") or {}).items()):
             argv += ["--label", "%s=%s" % (k, v)]
         if spec.get("network"):
@@ -167,7 +164,7 @@ class Engine(object):
 
 def http_ok(url, timeout=3.0):
     try:
-        resp = urlopen(url, timeout=timeout)
+        resp = open_url(url, timeout=timeout, validate_certs=False)
         try:
             return 200 <= resp.status < 300
         finally:

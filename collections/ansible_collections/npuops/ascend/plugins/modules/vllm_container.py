@@ -192,6 +192,11 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.npuops.ascend.plugins.module_utils import container as ct
 
 
+def wait_ready(engine, name, options):
+    return ct.wait_ready(engine, name, options["url"], options["timeout"], options["interval"], options["peers"],
+                         options["unreachable_after"])
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -227,7 +232,7 @@ def main():
     if not cli:
         module.fail_json(msg="%s is not installed on this node (set npuops_container_engine to the engine it has)"
                              % p["engine"])
-    engine = ct.Engine(cli, lambda argv: module.run_command(argv))
+    engine = ct.Engine(cli, module.run_command)
     name = p["name"]
     spec = dict((k, p[k]) for k in ct.MANAGED)
     spec["env"] = dict((str(k), str(v)) for k, v in spec["env"].items())
@@ -245,9 +250,7 @@ def main():
             if not current:
                 module.fail_json(msg="%s: there is no such container" % name, **result)
             if p["wait_ready"]:
-                w = p["wait_ready"]
-                result["ready_after"] = ct.wait_ready(engine, name, w["url"], w["timeout"], w["interval"], w["peers"],
-                                                 w["unreachable_after"])
+                result["ready_after"] = wait_ready(engine, name, p["wait_ready"])
             elif not current["running"]:
                 raise ct.ContainerError("exited with code %s; last log lines:\n%s" % (current["exit_code"],
                                                                                       engine.logs(name)))
@@ -290,9 +293,7 @@ def main():
         elif action == "start":
             engine.start(name)
         if p["wait_ready"]:
-            w = p["wait_ready"]
-            result["ready_after"] = ct.wait_ready(engine, name, w["url"], w["timeout"], w["interval"], w["peers"],
-                                                 w["unreachable_after"])
+            result["ready_after"] = wait_ready(engine, name, p["wait_ready"])
         st = engine.state(engine.inspect(name))
         result.update(container_id=st["id"], started_at=st["started_at"])
     except ct.ContainerError as e:

@@ -63,8 +63,8 @@ def test_8p8d_kv_transfer_and_proxy():
     p, d = out["node03"]["engine"], out["node12"]["engine"]
     kvp = json.loads(flag(p["command"], "--kv-transfer-config"))
     kvd = json.loads(flag(d["command"], "--kv-transfer-config"))
-    assert (kvp["kv_role"], kvp["kv_port"], kvd["kv_role"], kvd["kv_port"]) == ("kv_producer", "36000",
-                                                                               "kv_consumer", "36200")
+    assert (kvp["kv_role"], kvp["kv_port"], kvd["kv_role"], kvd["kv_port"]) == (
+        "kv_producer", "36000", "kv_consumer", "36200")
     assert kvp["kv_connector_extra_config"] == kvd["kv_connector_extra_config"]
     assert kvp["engine_id"] == "prefill-2" and kvd["engine_id"] == "decode-3"
     assert flag(p["command"], "--data-parallel-rank") == "2" and "--headless" not in p["command"]

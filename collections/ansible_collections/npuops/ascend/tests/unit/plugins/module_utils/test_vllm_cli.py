@@ -25,8 +25,8 @@ def test_render_is_ordered_and_typed():
 
 
 @pytest.mark.parametrize("spec,message", [
-    (dict(BASE, tensor_paralel_size=8), r"unknown vllm serve option 'tensor_paralel_size' \(did you mean "
-                                       r"tensor_parallel_size"),
+    (dict(BASE, tensor_paralel_size=8),
+     r"unknown vllm serve option 'tensor_paralel_size' \(did you mean tensor_parallel_size"),
     (dict(BASE, max_model_len="131072"), r"max_model_len = '131072': expected int"),
     (dict(BASE, enable_prefix_caching="yes"), r"expected true/false"),
     (dict(BASE, kv_cache_dtype="int4"), r"must be one of auto"),
