@@ -64,3 +64,23 @@ def bring_up(tmp_path_factory, nodes, profile="a3", *extra):
     c = SimCluster(inv)
     c.up_output = out.stdout
     return c
+
+
+def playbook(c, name, *extra, check=True, timeout=600):
+    return run([BIN + "/ansible-playbook", "-i", c.inventory] + list(extra) + ["playbooks/%s.yml" % name],
+               check=check, timeout=timeout)
+
+
+def assert_validate_catches_missing_hccn_conf(c, node):
+    """With /etc/hccn.conf gone from one node the service starts but answers garbage: validate must fail,
+    naming the chat check. The fault is cleared afterwards."""
+    sim("fault", "--node", str(int(node[-2:])), "--fault", "hccn_conf_missing")
+    try:
+        deployed = playbook(c, "deploy")
+        assert "%s: /etc/hccn.conf missing" % node in deployed.stdout
+        proc = playbook(c, "validate", check=False)
+        assert proc.returncode != 0, proc.stdout[-3000:]
+        assert "Validate:" in proc.stdout and "chat         FAIL" in proc.stdout, proc.stdout[-3000:]
+        assert "wrong answer (17*23 is 391" in proc.stdout
+    finally:
+        sim("fault", "--node", str(int(node[-2:])), "--fault", "clear")

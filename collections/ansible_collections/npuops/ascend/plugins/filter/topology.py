@@ -199,10 +199,13 @@ def plan(groups, hostvars, tier):
                 raise PlanError("proxy port %d on %s collides with the engine's ports there" % (pp_, proxy_host))
             entry["ports_free"] = sorted(set(entry["ports_free"]) | {pp_})
         endpoint = "http://%s:%d" % (proxy["address"], pp_)
-    else:
-        front = [h for h, e in hosts.items() if e["serves_http"]]
-        first = sorted(front, key=lambda h: (hosts[h]["instance"], hosts[h]["node_rank"]))[0]
-        endpoint = "http://%s:%d" % (hosts[first]["node_ip"], hosts[first]["api_port"])
+    # every engine that answers HTTP (their /metrics together are the service's), and the first of
+    # them: where the benchmark load is generated, next to the server
+    front = sorted((h for h, e in hosts.items() if e["serves_http"]),
+                   key=lambda h: (list(out_instances).index(hosts[h]["instance"]), hosts[h]["node_rank"]))
+    api_urls = ["http://%s:%d" % (hosts[h]["node_ip"], hosts[h]["api_port"]) for h in front]
+    if not proxy:
+        endpoint = api_urls[0]
 
     seen = {}
     for host, e in hosts.items():
@@ -212,7 +215,7 @@ def plan(groups, hostvars, tier):
                             % (seen[ip], host, ip))
         seen[ip] = host
     return {"tier": tier.get("name"), "hosts": hosts, "instances": out_instances, "proxy": proxy,
-            "endpoint": endpoint}
+            "endpoint": endpoint, "api_urls": api_urls, "load_host": front[0]}
 
 
 def plan_topology(groups, hostvars, tier):

@@ -142,9 +142,9 @@ class KvConnector(object):
         finally:
             conn.close()
 
-    def keep(self, request_id, prompt_digest, n):
+    def keep(self, request_id, prompt_digest, n, garbage=False):
         with self.lock:
-            self.store[request_id] = {"digest": prompt_digest, "tokens": n}
+            self.store[request_id] = {"digest": prompt_digest, "tokens": n, "garbage": garbage}
             while len(self.store) > 4096:
                 self.store.popitem(last=False)
 
@@ -169,6 +169,9 @@ class Engine(object):
         self.path = path
         self.args = args
         self.garbage = garbage
+        # members of this engine's group whose HCCL device addresses are unset: collectives over them
+        # return garbage on every rank, not only theirs (filled in by the rendezvous)
+        self.broken_peers = []
         self.complete = complete
         self.kv = None
         self.engines = [Stats() for _ in range(max(1, dp_ranks))]
@@ -237,7 +240,7 @@ class Engine(object):
     def answer(self, req):
         """-> (reasoning, content, tool_calls) for a request."""
         body, q = req["body"], req["question"]
-        if self.garbage:
+        if self.garbage or self.broken_peers or req.get("garbage_kv"):
             rnd = random.Random(hashlib.sha256(q.encode()).digest())
             junk = "的 of ]] 血 。。 ## <unk> tens 零 ,, 0x ?? 了 _ a the 亿".split()
             return None, " ".join(rnd.choice(junk) for _ in range(24)), None
@@ -279,7 +282,10 @@ class Engine(object):
             hits = self.cache.lookup_and_insert(toks) if self.args.enable_prefix_caching else 0
             remote = req["kv"].get("do_remote_prefill")
             if remote and self.kv:
-                self.kv.pull(req["kv"].get("remote_host"), req["kv"].get("remote_port"), req["kv"].get("request_id"))
+                kv = self.kv.pull(req["kv"].get("remote_host"), req["kv"].get("remote_port"),
+                                  req["kv"].get("request_id"))
+                # KV computed by a prefill whose collectives were garbage decodes to garbage
+                req["garbage_kv"] = bool(kv.get("garbage"))
                 hits = len(toks)
             time.sleep(max(0, len(toks) - hits) / PREFILL_TOKENS_PER_S)
             ttft = time.time() - t0
@@ -346,7 +352,7 @@ class Engine(object):
         stats, hits, ttft, t0 = self._account(req)
         rid = req["kv"].get("request_id") or req["id"]
         self.kv.keep(rid, hashlib.sha256("\x00".join(req["prompt_tokens"]).encode()).hexdigest(),
-                     len(req["prompt_tokens"]))
+                     len(req["prompt_tokens"]), bool(self.garbage or self.broken_peers))
         self._finish(stats, req, hits, ttft, t0, 1, "length")
         params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.kv.engine_id,
                   "remote_host": self.kv.host, "remote_port": self.kv.port, "remote_block_ids": [0],

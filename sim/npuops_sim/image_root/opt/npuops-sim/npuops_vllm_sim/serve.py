@@ -147,6 +147,7 @@ class Group(object):
         self.lock = threading.Lock()
         self.complete = threading.Event()
         self.members = []
+        self.broken = []  # peers that joined without /etc/hccn.conf
         if not self.expected:
             self.complete.set()
 
@@ -196,6 +197,8 @@ class Group(object):
             if err is None:
                 for r in ranks:
                     self.joined[r] = peer
+                if hello.get("hccn_conf") is False:
+                    self.broken.append(peer)
                 self.members.append(f)
                 log("INFO", "%s rank(s) %s joined from %s (%d/%d)" % (self.kind, ranks, peer, len(self.joined),
                                                                       len(self.expected)))
@@ -227,7 +230,7 @@ class Group(object):
             die("EngineDeadError: %s rank(s) %s at %s went away" % (self.kind, gone, peer))
 
 
-def join(address, port, ranks, signature, timeout):
+def join(address, port, ranks, signature, timeout, hccn_conf=True):
     """The member side: dial the leader until it answers (or the engine-ready timeout passes)."""
     deadline = time.time() + timeout
     last = None
@@ -243,7 +246,7 @@ def join(address, port, ranks, signature, timeout):
             % (max(1, timeout // 60), address, port, last))
     conn.settimeout(None)
     f = conn.makefile("rw")
-    f.write(json.dumps({"ranks": ranks, "signature": signature}) + "\n")
+    f.write(json.dumps({"ranks": ranks, "signature": signature, "hccn_conf": hccn_conf}) + "\n")
     f.flush()
     answer = json.loads(f.readline() or "{}")
     if answer.get("error"):
@@ -326,6 +329,7 @@ def run(args):
                  "nnodes": args.nnodes, "kv_role": kv.get("kv_role")}
     ready_timeout = int(os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S", "600"))
     complete = threading.Event()
+    group = None
     host_ip = os.environ.get("VLLM_HOST_IP") or args.host or "0.0.0.0"
     if args.nnodes > 1:
         if args.node_rank == 0:
@@ -333,7 +337,8 @@ def run(args):
             group.listen(args.master_addr, args.master_port)
             complete = group.complete
         else:
-            conn, f, done = join(args.master_addr, args.master_port, [args.node_rank], signature, ready_timeout)
+            conn, f, done = join(args.master_addr, args.master_port, [args.node_rank], signature, ready_timeout,
+                                 not garbage)
             if done:
                 complete.set()
             follow(conn, f, complete)
@@ -354,7 +359,7 @@ def run(args):
                 die("RuntimeError: DP rank 0 must run on --data-parallel-address %s, which is not an address of "
                     "this node" % args.data_parallel_address)
             conn, f, done = join(args.data_parallel_address, args.data_parallel_rpc_port, ranks, signature,
-                                 ready_timeout)
+                                 ready_timeout, not garbage)
             if done:
                 complete.set()
             follow(conn, f, complete)
@@ -363,6 +368,8 @@ def run(args):
 
     engine = lm.Engine(served, model_path, args, garbage=garbage, dp_ranks=dp if args.data_parallel_rank is None
                        else 1, complete=complete)
+    if group is not None:
+        engine.broken_peers = group.broken
     if kv:
         dp_rank = args.data_parallel_rank or 0
         engine.kv = lm.KvConnector(kv, host_ip, int(kv.get("kv_port", 14579)) + dp_rank * tp * pp)

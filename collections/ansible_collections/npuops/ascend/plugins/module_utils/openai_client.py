@@ -1,0 +1,149 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A small client for OpenAI-compatible endpoints (vLLM, the PD proxy): health, models, chat, streaming,
+metrics, and the multi-turn sessions the agentic benchmarks replay. Built on ansible's open_url, so it
+runs in modules on the nodes and in controller plugins alike."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import re
+import socket
+import struct
+import time
+import zlib
+
+from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
+from ansible.module_utils.urls import open_url
+
+
+class ApiError(Exception):
+    def __init__(self, msg, status=None, body=None):
+        Exception.__init__(self, msg)
+        self.status = status
+        self.body = body
+
+
+class Client(object):
+    def __init__(self, base_url, api_key=None, timeout=120.0, validate_certs=True):
+        self.base = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self.validate_certs = validate_certs
+
+    def _open(self, path, body=None):
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = "Bearer " + self.api_key
+        data = json.dumps(body).encode("utf-8") if body is not None else None
+        return open_url(self.base + path, data=data, headers=headers, method="POST" if data else "GET",
+                        timeout=self.timeout, validate_certs=self.validate_certs)
+
+    def get(self, path):
+        """-> (status, text, seconds); status None when nothing answered."""
+        t0 = time.time()
+        try:
+            resp = self._open(path)
+            try:
+                return resp.status, resp.read().decode("utf-8", "replace"), time.time() - t0
+            finally:
+                resp.close()
+        except HTTPError as e:
+            return e.code, e.read().decode("utf-8", "replace"), time.time() - t0
+        except (URLError, socket.error, OSError) as e:
+            return None, str(getattr(e, "reason", e)), time.time() - t0
+
+    def post(self, path, body):
+        """-> (parsed JSON, seconds); raises ApiError with the server's message."""
+        t0 = time.time()
+        try:
+            resp = self._open(path, body)
+            try:
+                return json.loads(resp.read().decode("utf-8")), time.time() - t0
+            finally:
+                resp.close()
+        except HTTPError as e:
+            text = e.read().decode("utf-8", "replace")
+            try:
+                msg = json.loads(text).get("message") or json.loads(text).get("error") or text
+            except ValueError:
+                msg = text
+            raise ApiError("HTTP %d: %s" % (e.code, str(msg)[:500]), e.code, text)
+        except (URLError, socket.error, OSError) as e:
+            raise ApiError("no answer from %s%s: %s" % (self.base, path, getattr(e, "reason", e)))
+
+    def stream(self, path, body):
+        """Streams a chat or completion; -> dict(text, reasoning, chunks, ttft, itls, seconds, finish_reason, usage)."""
+        body = dict(body, stream=True, stream_options={"include_usage": True})
+        t0 = time.time()
+        out = {"text": "", "reasoning": "", "chunks": 0, "ttft": None, "itls": [], "finish_reason": None,
+               "usage": None}
+        last = None
+        try:
+            resp = self._open(path, body)
+        except HTTPError as e:
+            raise ApiError("HTTP %d: %s" % (e.code, e.read().decode("utf-8", "replace")[:500]), e.code)
+        except (URLError, socket.error, OSError) as e:
+            raise ApiError("no answer from %s%s: %s" % (self.base, path, getattr(e, "reason", e)))
+        try:
+            for raw in resp:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if event.get("usage"):
+                    out["usage"] = event["usage"]
+                for choice in event.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    piece = delta.get("content") or choice.get("text") or ""
+                    thought = delta.get("reasoning_content") or ""
+                    if piece or thought:
+                        now = time.time()
+                        if out["ttft"] is None:
+                            out["ttft"] = now - t0
+                        elif last is not None:
+                            out["itls"].append(now - last)
+                        last = now
+                        out["chunks"] += 1
+                        out["text"] += piece
+                        out["reasoning"] += thought
+                    if choice.get("finish_reason"):
+                        out["finish_reason"] = choice["finish_reason"]
+        finally:
+            resp.close()
+        out["seconds"] = time.time() - t0
+        return out
+
+
+def metric_totals(text, names):
+    """Sum of each Prometheus counter/gauge in `names` over all label sets (all DP engines)."""
+    totals = dict((n, 0.0) for n in names)
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        m = re.match(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)$", line.strip())
+        if m and m.group(1) in totals and m.group(3) != "NaN":
+            totals[m.group(1)] += float(m.group(3))
+    return totals
+
+
+def tiny_png(width=2, height=2):
+    """A valid RGB PNG of a solid colour (the image check needs neither the network nor an image library)."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    raw = b"".join(b"\x00" + b"\x10\x80\xe0" * width for _row in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def filler_words(n, seed=0):
+    """A prompt of about n tokens (distinct words, so prefix caching only helps where prefixes repeat)."""
+    words = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
+             "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
+    return " ".join("%s%d" % (words[(i * 7 + seed) % len(words)], (i + seed) % 97) for i in range(n))

@@ -1,0 +1,126 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The smoke checks a served model must pass, the way its users use it. Each returns one row
+``{name, ok, detail, latency_s}``; a check that raises is a failed row, never an aborted run."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import base64
+import json
+import time
+
+from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import ApiError, filler_words, tiny_png
+
+QUESTION = "用一句话介绍你自己，并计算 17*23"
+ANSWER = "391"
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "the city"}},
+                   "required": ["city"]}}}
+ALL = ("health", "models", "chat", "reasoning", "tool_call", "image", "long_prompt", "stream")
+
+
+def row(name, ok, detail, latency):
+    return {"name": name, "ok": bool(ok), "detail": detail, "latency_s": round(latency, 3)}
+
+
+def _message(resp):
+    return ((resp.get("choices") or [{}])[0]).get("message") or {}
+
+
+def run_checks(client, model=None, checks=ALL, health_path="/health", long_prompt_tokens=8000, max_tokens=256):
+    """-> (rows, model). Later checks reuse what earlier ones learned (the model name, the chat answer)."""
+    rows = []
+    state = {"model": model, "chat": None}
+
+    def check(name, fn):
+        if name not in checks:
+            return
+        t0 = time.time()
+        try:
+            ok, detail = fn()
+        except ApiError as e:
+            ok, detail = False, str(e)
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            ok, detail = False, "unexpected answer: %s: %s" % (type(e).__name__, e)
+        rows.append(row(name, ok, detail, time.time() - t0))
+
+    def health():
+        status, text, _s = client.get(health_path)
+        return status == 200, "%s -> %s" % (health_path, status if status is not None else text)
+
+    def models():
+        status, text, _s = client.get("/v1/models")
+        if status != 200:
+            return False, "/v1/models -> %s: %s" % (status, text[:200])
+        ids = [m["id"] for m in json.loads(text)["data"]]
+        if state["model"] is None and ids:
+            state["model"] = ids[0]
+        return state["model"] in ids, "serves %s" % ", ".join(ids)
+
+    def chat_once():
+        if state["chat"] is None:
+            state["chat"], _s = client.post("/v1/chat/completions", {
+                "model": state["model"], "messages": [{"role": "user", "content": QUESTION}],
+                "max_tokens": max_tokens, "temperature": 0})
+        return state["chat"]
+
+    def chat():
+        content = _message(chat_once()).get("content") or ""
+        if ANSWER in content:
+            return True, "answer: %s" % content[:160].replace("\n", " ")
+        return False, ("wrong answer (17*23 is %s; garbage like this usually means HCCL runs without device "
+                       "addresses: /etc/hccn.conf on every node, see preflight): %s"
+                       % (ANSWER, content[:160].replace("\n", " ")))
+
+    def reasoning():
+        msg = _message(chat_once())
+        thought, content = msg.get("reasoning_content") or msg.get("reasoning") or "", msg.get("content") or ""
+        ok = bool(thought) and thought.strip() not in content
+        return ok, ("reasoning apart from the answer: %s" % thought[:120]) if ok else \
+            "no separate reasoning_content (is --reasoning-parser set?)"
+
+    def tool_call():
+        resp, _s = client.post("/v1/chat/completions", {
+            "model": state["model"], "tools": [WEATHER_TOOL], "tool_choice": "auto", "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": "What's the weather like in Beijing today?"}]})
+        choice = resp["choices"][0]
+        calls = (choice.get("message") or {}).get("tool_calls") or []
+        if choice.get("finish_reason") != "tool_calls" or not calls:
+            return False, "finish_reason %s, %d tool calls (is --tool-call-parser / --enable-auto-tool-choice set?)" \
+                % (choice.get("finish_reason"), len(calls))
+        fn = calls[0]["function"]
+        args = json.loads(fn["arguments"])
+        return fn["name"] == "get_weather" and bool(args.get("city")), "%s(%s)" % (fn["name"], fn["arguments"])
+
+    def image():
+        url = "data:image/png;base64," + base64.b64encode(tiny_png()).decode()
+        resp, _s = client.post("/v1/chat/completions", {
+            "model": state["model"], "max_tokens": max_tokens, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Describe this image in one sentence."},
+                {"type": "image_url", "image_url": {"url": url}}]}]})
+        content = _message(resp).get("content") or ""
+        return bool(content.strip()), "answer: %s" % content[:160]
+
+    def long_prompt():
+        prompt = filler_words(long_prompt_tokens) + "\n\n" + QUESTION
+        resp, _s = client.post("/v1/chat/completions", {
+            "model": state["model"], "max_tokens": max_tokens, "messages": [{"role": "user", "content": prompt}]})
+        used = (resp.get("usage") or {}).get("prompt_tokens", 0)
+        content = _message(resp).get("content") or ""
+        ok = used >= long_prompt_tokens * 0.5 and ANSWER in content
+        return ok, "%d prompt tokens; answer: %s" % (used, content[:100])
+
+    def stream():
+        out = client.stream("/v1/chat/completions", {
+            "model": state["model"], "max_tokens": max_tokens, "messages": [{"role": "user", "content": QUESTION}]})
+        ok = out["chunks"] > 1 and out["ttft"] is not None and ANSWER in out["text"]
+        return ok, "TTFT %.3fs, %d chunks, finish %s" % (out["ttft"] or -1, out["chunks"], out["finish_reason"])
+
+    for name, fn in (("health", health), ("models", models), ("chat", chat), ("reasoning", reasoning),
+                     ("tool_call", tool_call), ("image", image), ("long_prompt", long_prompt), ("stream", stream)):
+        check(name, fn)
+    return rows, state["model"]
