@@ -1,0 +1,130 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""After the deploy: the load matrices, the lines validate and bench print, and the rollout's outcome.
+
+Load matrices are data: a list of series, each one kind of load at several concurrencies. bench_points
+turns a matrix into the points vllm_bench runs, one per series and concurrency. rollout_outcome is what
+site.yml hands to tools through set_stats."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+
+from ansible.errors import AnsibleFilterError
+
+SERIES_KEYS = {"random": ("input_len", "output_len"), "multi_turn": ("turns", "output_len", "context_tokens")}
+
+
+def _positive(series, key, where):
+    value = series.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise AnsibleFilterError("bench_points: %s: %s must be a positive integer, not %r" % (where, key, value))
+    return value
+
+
+def context_needed(series):
+    """Tokens the longest request of a series holds (prompt + output), to compare with max_model_len."""
+    if series.get("kind") == "multi_turn":
+        # the private context, then every turn's question (~20 tokens) and answer
+        return int(series.get("context_tokens") or 0) + int(series.get("turns") or 0) * (
+            int(series.get("output_len") or 0) + 20)
+    return int(series.get("input_len") or 0) + int(series.get("output_len") or 0)
+
+
+def bench_dropped(matrix, max_model_len):
+    """Series whose requests do not fit the served max_model_len, with the reason."""
+    return ["%s needs %d tokens of context, the service allows %d (max_model_len)"
+            % (s.get("series"), context_needed(s), int(max_model_len))
+            for s in matrix or [] if isinstance(s, dict) and context_needed(s) > int(max_model_len)]
+
+
+def bench_points(matrix, name="matrix", max_model_len=None):
+    """[{series, kind, concurrency: [..], ...}] -> [{name: <series>-c<N>, series, kind, concurrency, ...}].
+
+    random: num_prompts = max(min_prompts, prompts_per_concurrency * concurrency) (defaults 4 and 8), so
+    every point runs long enough to reach steady state. multi_turn: sessions = sessions_per_concurrency *
+    concurrency (default 1), each session `turns` long. With max_model_len, series that cannot fit are
+    left out (bench_dropped says which and why)."""
+    if not isinstance(matrix, list) or not matrix:
+        raise AnsibleFilterError("bench_points: the %s matrix must be a non-empty list of series" % name)
+    points = []
+    for i, series in enumerate(matrix):
+        if max_model_len and isinstance(series, dict) and context_needed(series) > int(max_model_len):
+            continue  # reported by bench_dropped
+        label = series.get("series") if isinstance(series, dict) else None
+        where = "%s[%d] (%s)" % (name, i, label or "no series name")
+        if not label or not re.match(r"^[A-Za-z0-9_.-]+$", str(label)):
+            raise AnsibleFilterError("bench_points: %s: series must be a name of letters, digits, '.', '_', '-'"
+                                     % where)
+        kind = series.get("kind")
+        if kind not in SERIES_KEYS:
+            raise AnsibleFilterError("bench_points: %s: kind must be random or multi_turn, not %r" % (where, kind))
+        fields = dict((k, _positive(series, k, where)) for k in SERIES_KEYS[kind])
+        levels = series.get("concurrency")
+        if not isinstance(levels, list) or not levels:
+            raise AnsibleFilterError("bench_points: %s: concurrency must be a list such as [1, 8, 32, 64]" % where)
+        for level in levels:
+            conc = _positive({"concurrency": level}, "concurrency", where)
+            point = dict(fields, name="%s-c%d" % (label, conc), series=label, kind=kind, concurrency=conc)
+            if kind == "random":
+                point["ignore_eos"] = bool(series.get("ignore_eos", True))
+                point["num_prompts"] = max(int(series.get("min_prompts", 4)),
+                                           int(series.get("prompts_per_concurrency", 8)) * conc)
+            else:
+                point["sessions"] = int(series.get("sessions_per_concurrency", 1)) * conc
+            points.append(point)
+    names = [p["name"] for p in points]
+    twice = sorted(set(n for n in names if names.count(n) > 1))
+    if twice:
+        raise AnsibleFilterError("bench_points: %s has the point(s) %s twice (a series name or a concurrency is "
+                                 "repeated)" % (name, ", ".join(twice)))
+    return points
+
+
+def probe_row(check):
+    """One openai_probe row as a line of the validate table."""
+    return "%-12s %-4s %7.3fs  %s" % (check.get("name"), "ok" if check.get("ok") else "FAIL",
+                                      float(check.get("latency_s") or 0.0), check.get("detail"))
+
+
+def bench_row(row):
+    """One bench_report table row as a line of the play's output."""
+    def num(key, fmt):
+        return fmt % row[key] if row.get(key) is not None else "-"
+    return "%-24s c=%-3s out %s tok/s  total %s tok/s  user %s tok/s  TTFT p50/p99 %s/%s ms  hit %s" % (
+        row.get("series"), row.get("concurrency"), num("output_tok_s", "%.1f"), num("total_tok_s", "%.1f"),
+        num("per_user_tok_s", "%.1f"), num("ttft_p50_ms", "%.0f"), num("ttft_p99_ms", "%.0f"),
+        num("prefix_hit_rate", "%.2f"))
+
+
+def rollout_outcome(plan, model_spec, preflight=None, weights=None, validate=None, bench=None, failed=None):
+    """The outcome of site.yml for tools (ansible-runner's artifact_data): where the service is, and each
+    stage's result - None for a stage that did not run (skipped by tag, or after a failure)."""
+    plan = plan or {}
+    out = {"ok": not failed, "failed": failed or None, "endpoint": plan.get("endpoint"),
+           "model": (model_spec or {}).get("served_model_name"), "tier": plan.get("tier"),
+           "nodes": sorted(plan.get("hosts") or []), "preflight": None, "weights": None, "validate": None,
+           "bench_report": None, "bench": None}
+    if preflight:
+        out["preflight"] = {"ok": preflight.get("ok"), "go": preflight.get("go"),
+                            "failures": [dict((k, f.get(k)) for k in ("host", "check", "device", "observed", "fix"))
+                                         for f in preflight.get("failures") or []]}
+    if weights:
+        out["weights"] = {"seed": weights.get("seed"), "total_bytes": int(weights.get("total_bytes") or 0),
+                          "files": len(weights.get("files") or []) if isinstance(weights.get("files"), list)
+                          else weights.get("files"), "copied_to": list(weights.get("receivers") or [])}
+    if validate:
+        out["validate"] = {"ok": validate.get("ok"), "checks": validate.get("checks")}
+    if bench:
+        out["bench_report"] = bench.get("report")
+        out["bench"] = {"ok": bench.get("ok"), "report_dir": bench.get("report_dir"), "table": bench.get("table")}
+    return out
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"bench_points": bench_points, "bench_dropped": bench_dropped, "probe_row": probe_row,
+                "bench_row": bench_row, "rollout_outcome": rollout_outcome}

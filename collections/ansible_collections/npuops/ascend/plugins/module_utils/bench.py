@@ -1,0 +1,179 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Load points of a benchmark matrix, measured the way vLLM measures them.
+
+``random`` points run ``vllm bench serve`` inside the engine container (the load is generated next to the
+server, as the reference runs did) and read the JSON it saves. ``multi_turn`` points replay agentic
+sessions: every turn resends the whole growing conversation, so the prefix cache is exercised; vllm bench
+serve has no such dataset, so this driver streams the turns itself and writes the same result fields.
+Each point also records the server's prefix-cache counters before and after (hit rate of the point).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import math
+import statistics
+import threading
+import time
+
+from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import (
+    ApiError, filler_words, metric_totals)
+
+PREFIX_METRICS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def percentile(values, p):
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = (len(s) - 1) * p / 100.0
+    f, c = int(math.floor(k)), int(math.ceil(k))
+    return s[f] if f == c else s[f] + (s[c] - s[f]) * (k - f)
+
+
+def summarize(ttfts_ms, tpots_ms, itls_ms, e2els_ms, percentiles=(50, 99)):
+    out = {}
+    for name, values in (("ttft", ttfts_ms), ("tpot", tpots_ms), ("itl", itls_ms), ("e2el", e2els_ms)):
+        out["mean_%s_ms" % name] = statistics.mean(values) if values else 0.0
+        out["median_%s_ms" % name] = statistics.median(values) if values else 0.0
+        out["std_%s_ms" % name] = statistics.pstdev(values) if values else 0.0
+        for p in percentiles:
+            out["p%g_%s_ms" % (p, name)] = percentile(values, p)
+    return out
+
+
+def prefix_counters(metrics_clients):
+    """Prefix-cache counters summed over every engine that serves (each DP or PD front has its own);
+    None when one of them has no metrics, so a partial sum never passes for a hit rate."""
+    total = {"queries": 0.0, "hits": 0.0}
+    for client in metrics_clients:
+        status, text, _s = client.get("/metrics")
+        if status != 200:
+            return None
+        totals = metric_totals(text, PREFIX_METRICS)
+        total["queries"] += totals[PREFIX_METRICS[0]]
+        total["hits"] += totals[PREFIX_METRICS[1]]
+    return total
+
+
+def hit_rate(before, after):
+    if not before or not after:
+        return None
+    q = after["queries"] - before["queries"]
+    return round((after["hits"] - before["hits"]) / q, 4) if q > 0 else None
+
+
+def random_argv(point, base_url, model, result_dir, filename):
+    """The vllm bench serve command line of a `random` point."""
+    argv = ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
+            "--model", model, "--dataset-name", "random", "--random-input-len", str(point["input_len"]),
+            "--random-output-len", str(point["output_len"]), "--num-prompts", str(point["num_prompts"]),
+            "--max-concurrency", str(point["concurrency"]), "--save-result", "--save-detailed",
+            "--result-dir", result_dir, "--result-filename", filename, "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,99"]
+    if point.get("ignore_eos"):
+        argv.append("--ignore-eos")
+    return argv
+
+
+def multi_turn(client, model, point):
+    """Agentic sessions: `concurrency` at a time, `sessions` in all, `turns` each, every turn resending the
+    conversation (a private context of about `context_tokens`, then the turns so far)."""
+    sessions = int(point.get("sessions") or point["concurrency"])
+    turns = int(point["turns"])
+    limit = threading.Semaphore(int(point["concurrency"]))
+    lock = threading.Lock()
+    records = []
+    state = {"failed_sessions": 0, "completed_sessions": 0}
+
+    def session(k):
+        with limit:
+            history = [{"role": "system", "content": filler_words(int(point["context_tokens"]), seed=k * 131)}]
+            for t in range(turns):
+                history.append({"role": "user", "content": "Step %d of task %d: continue, and compute 17*23." % (t, k)})
+                rec = {"session": k, "turn": t, "input_len": None, "output_len": 0, "ttft": 0.0, "itl": [],
+                       "latency": 0.0, "start": time.time(), "error": "", "success": False}
+                try:
+                    out = client.stream("/v1/chat/completions", {
+                        "model": model, "messages": history, "max_tokens": int(point["output_len"]),
+                        "ignore_eos": True, "temperature": 0})
+                    usage = out.get("usage") or {}
+                    rec.update(input_len=usage.get("prompt_tokens"),
+                               output_len=usage.get("completion_tokens", out["chunks"]),
+                               ttft=out["ttft"] or 0.0, itl=out["itls"], latency=out["seconds"], success=True)
+                    history.append({"role": "assistant", "content": out["text"]})
+                except ApiError as e:
+                    rec["error"] = str(e)
+                with lock:
+                    records.append(rec)
+                if not rec["success"]:
+                    with lock:
+                        state["failed_sessions"] += 1
+                    return
+            with lock:
+                state["completed_sessions"] += 1
+
+    t0 = time.time()
+    threads = [threading.Thread(target=session, args=(k,)) for k in range(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    duration = time.time() - t0
+    records.sort(key=lambda r: (r["session"], r["turn"]))
+    ok = [r for r in records if r["success"]]
+    total_in = sum(r["input_len"] or 0 for r in ok)
+    total_out = sum(r["output_len"] for r in ok)
+    result = {"date": time.strftime("%Y%m%d-%H%M%S"), "endpoint_type": "openai-chat", "backend": "openai-chat",
+              "model_id": model, "num_prompts": sessions * turns, "max_concurrency": int(point["concurrency"]),
+              "duration": duration, "completed": len(ok), "failed": len(records) - len(ok),
+              "total_input_tokens": total_in, "total_output_tokens": total_out,
+              "request_throughput": len(ok) / duration, "output_throughput": total_out / duration,
+              "total_token_throughput": (total_in + total_out) / duration,
+              "sent": len(records), "skipped": sessions * turns - len(records),
+              "sessions": sessions, "completed_sessions": state["completed_sessions"],
+              "failed_sessions": state["failed_sessions"], "turns": turns,
+              "input_lens": [r["input_len"] for r in records], "output_lens": [r["output_len"] for r in records],
+              "ttfts": [r["ttft"] for r in records], "itls": [r["itl"] for r in records],
+              "latencies": [r["latency"] for r in records], "start_times": [r["start"] for r in records],
+              "sessions_of": [r["session"] for r in records], "turns_of": [r["turn"] for r in records],
+              "errors": [r["error"] for r in records]}
+    result.update(summarize([r["ttft"] * 1000 for r in ok],
+                            [(r["latency"] - r["ttft"]) / (r["output_len"] - 1) * 1000 for r in ok
+                             if r["output_len"] > 1],
+                            [x * 1000 for r in ok for x in r["itl"]], [r["latency"] * 1000 for r in ok]))
+    return result
+
+
+def planned(point):
+    """Requests and sessions a point intends to send."""
+    if point["kind"] == "multi_turn":
+        sessions = int(point.get("sessions") or point["concurrency"])
+        return {"requests": sessions * int(point["turns"]), "sessions": sessions}
+    return {"requests": int(point["num_prompts"]), "sessions": None}
+
+
+def run_point(point, client, model, exec_in_container, result_dir, metrics_clients):
+    """Run one point. `exec_in_container(argv) -> (rc, out, err)` runs a command in the engine container."""
+    base_url = client.base
+    before = prefix_counters(metrics_clients)
+    if point["kind"] == "random":
+        filename = "%s.json" % point["name"]
+        rc, out, err = exec_in_container(random_argv(point, base_url, model, result_dir, filename))
+        if rc != 0:
+            raise ApiError("vllm bench serve failed for %s (rc=%d): %s" % (point["name"], rc, (err or out)[-800:]))
+        rc, out, err = exec_in_container(["cat", "%s/%s" % (result_dir, filename)])
+        if rc != 0:
+            raise ApiError("could not read the result of %s: %s" % (point["name"], (err or out)[-300:]))
+        result = json.loads(out)
+    elif point["kind"] == "multi_turn":
+        result = multi_turn(client, model, point)
+    else:
+        raise ApiError("unknown point kind %r (random or multi_turn)" % point["kind"])
+    after = prefix_counters(metrics_clients)
+    result["npuops"] = {"point": point, "planned": planned(point), "prefix_cache_hit_rate": hit_rate(before, after)}
+    return result

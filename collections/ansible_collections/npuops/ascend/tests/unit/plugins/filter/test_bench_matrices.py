@@ -1,0 +1,83 @@
+# -*- coding: utf-8 -*-
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.npuops.ascend.plugins.filter import bench
+
+ROLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "bench", "defaults", "main")
+
+
+def matrices():
+    with open(os.path.join(ROLE, "matrices.yml")) as f:
+        return yaml.safe_load(f)["npuops_bench_matrices"]
+
+
+def test_the_reference_matrix_has_the_published_points():
+    points = bench.bench_points(matrices()["reference"], "reference")
+    by_series = {}
+    for p in points:
+        by_series.setdefault(p["series"], []).append(p)
+    random = by_series["random-2048x512"]
+    assert [p["concurrency"] for p in random] == [1, 8, 32, 64]
+    assert all(p["input_len"] == 2048 and p["output_len"] == 512 and p["ignore_eos"] for p in random)
+    assert [p["num_prompts"] for p in random] == [16, 64, 256, 512]
+    assert [p["concurrency"] for p in by_series["agentic-80k"]] == [1, 2, 4, 8]
+    assert [p["concurrency"] for p in by_series["agentic-200k"]] == [1, 2, 4]
+    assert all(p["turns"] == 13 and p["output_len"] == 220 for p in by_series["agentic-200k"])
+    assert len(set(p["name"] for p in points)) == len(points) == 11
+
+
+def test_series_that_cannot_fit_the_context_are_left_out_and_said_why():
+    ref = matrices()["reference"]
+    points = bench.bench_points(ref, "reference", 133120)  # kimi_k3_w4a8's max_model_len
+    assert not [p for p in points if p["series"] == "agentic-200k"]
+    assert [p for p in points if p["series"] == "agentic-80k"]
+    dropped = bench.bench_dropped(ref, 133120)
+    assert len(dropped) == 1 and dropped[0].startswith("agentic-200k needs 203120 tokens")
+    assert bench.bench_dropped(ref, 210000) == []
+
+
+@pytest.mark.parametrize("series,message", [
+    ({"series": "x", "kind": "random", "input_len": 1, "output_len": 1, "concurrency": []}, "concurrency must be"),
+    ({"series": "x", "kind": "zipf", "concurrency": [1]}, "kind must be random or multi_turn"),
+    ({"series": "x y", "kind": "random", "concurrency": [1]}, "series must be a name"),
+    ({"series": "x", "kind": "multi_turn", "turns": 0, "output_len": 1, "context_tokens": 1, "concurrency": [1]},
+     "turns must be a positive integer"),
+    ({"series": "x", "kind": "random", "input_len": 8, "output_len": 8, "concurrency": [1, 1]}, "x-c1 twice"),
+])
+def test_a_bad_series_is_refused_with_the_field(series, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        bench.bench_points([series], "mine")
+
+
+def test_the_sim_matrix_is_small():
+    points = bench.bench_points(matrices()["sim"], "sim")
+    assert sum(p.get("num_prompts", 0) or p.get("sessions", 0) * p.get("turns", 0) for p in points) < 200
+
+
+def test_rollout_outcome_names_every_stage_and_none_for_those_not_run():
+    plan = {"endpoint": "http://10.0.0.1:8000", "tier": "2node_pp", "hosts": {"b": {}, "a": {}}}
+    out = bench.rollout_outcome(plan, {"served_model_name": "kimi-k3"},
+                                preflight={"ok": True, "go": True, "failures": [], "table": ["x"]},
+                                validate={"ok": True, "checks": [{"name": "chat", "ok": True}]})
+    assert out["ok"] and out["endpoint"] == "http://10.0.0.1:8000" and out["nodes"] == ["a", "b"]
+    assert out["preflight"] == {"ok": True, "go": True, "failures": []}
+    assert out["weights"] is None and out["bench"] is None and out["bench_report"] is None
+    failed = bench.rollout_outcome(plan, {}, failed={"task": "Stop before the weight load", "msg": "m"})
+    assert failed["ok"] is False and failed["failed"]["task"].startswith("Stop")
+
+
+def test_printed_rows():
+    assert bench.probe_row({"name": "chat", "ok": False, "latency_s": 0.5, "detail": "wrong"}).split() == [
+        "chat", "FAIL", "0.500s", "wrong"]
+    line = bench.bench_row({"series": "s", "concurrency": 8, "output_tok_s": 10.0, "total_tok_s": 20.0,
+                            "per_user_tok_s": None, "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0,
+                            "prefix_hit_rate": 0.5})
+    assert "c=8" in line and "user - tok/s" in line and "hit 0.50" in line

@@ -1,0 +1,114 @@
+# -*- coding: utf-8 -*-
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import struct
+import zlib
+
+import pytest
+
+from ansible_collections.npuops.ascend.plugins.module_utils import bench
+from ansible_collections.npuops.ascend.tests.unit.plugins.module_utils.bench_helpers import FakeEndpoint
+from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import (
+    filler_words, metric_totals, tiny_png)
+
+
+POINT = {"name": "agentic-c2", "kind": "multi_turn", "concurrency": 2, "sessions": 3, "turns": 4,
+         "output_len": 8, "context_tokens": 50}
+
+
+def test_multi_turn_resends_the_growing_conversation():
+    fake = FakeEndpoint()
+    result = bench.multi_turn(fake, "m", POINT)
+    assert result["num_prompts"] == 12 and result["completed"] == 12 and result["failed"] == 0
+    assert result["sent"] == 12 and result["skipped"] == 0
+    assert result["completed_sessions"] == 3 and result["failed_sessions"] == 0
+    # within a session every turn carries all earlier turns: the prompt only grows
+    by_session = {}
+    for s, t, n in zip(result["sessions_of"], result["turns_of"], result["input_lens"]):
+        by_session.setdefault(s, []).append((t, n))
+    for turns in by_session.values():
+        lens = [n for _t, n in sorted(turns)]
+        assert lens == sorted(lens) and lens[0] >= 50 and lens[-1] > lens[0] + 3 * 8
+    assert result["total_output_tokens"] == 12 * 8
+    assert result["mean_tpot_ms"] == pytest.approx(2.0)
+    assert all(b["ignore_eos"] and b["max_tokens"] == 8 for b in fake.calls)
+
+
+def test_a_failed_turn_ends_its_session_and_is_counted():
+    fake = FakeEndpoint(fail_calls={2})
+    result = bench.multi_turn(fake, "m", POINT)
+    assert result["failed"] == 1 and result["failed_sessions"] == 1 and result["completed_sessions"] == 2
+    assert result["sent"] + result["skipped"] == 12 and result["skipped"] > 0
+    assert result["completed"] + result["failed"] == result["sent"]
+    assert sum(1 for e in result["errors"] if e) == 1
+
+
+def test_planned_counts_requests_and_sessions():
+    assert bench.planned(POINT) == {"requests": 12, "sessions": 3}
+    assert bench.planned({"kind": "random", "num_prompts": 64}) == {"requests": 64, "sessions": None}
+
+
+def test_percentiles_interpolate_like_numpy():
+    values = [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert bench.percentile(values, 50) == 3.0
+    assert bench.percentile(values, 99) == pytest.approx(4.0 + 6.0 * 0.96)
+    assert bench.percentile([], 99) == 0.0
+    s = bench.summarize([1, 2, 3], [4], [], [5, 6])
+    assert s["median_ttft_ms"] == 2 and s["p99_tpot_ms"] == 4 and s["mean_itl_ms"] == 0.0 and s["p50_e2el_ms"] == 5.5
+
+
+def test_random_argv_is_a_vllm_bench_serve_command():
+    argv = bench.random_argv({"name": "r", "input_len": 2048, "output_len": 512, "num_prompts": 64,
+                              "concurrency": 8, "ignore_eos": True}, "http://h:8000", "kimi-k3", "/tmp/b", "r.json")
+    assert argv[:3] == ["vllm", "bench", "serve"]
+    opts = dict(zip(argv[3::1], argv[4::1]))
+    assert opts["--random-input-len"] == "2048" and opts["--max-concurrency"] == "8"
+    assert opts["--num-prompts"] == "64" and opts["--result-filename"] == "r.json"
+    assert "--ignore-eos" in argv and "--save-detailed" in argv
+
+
+class FakeMetrics(object):
+    def __init__(self, text, status=200):
+        self.text, self.status = text, status
+
+    def get(self, path):
+        assert path == "/metrics"
+        return self.status, self.text, 0.0
+
+
+def test_prefix_counters_sum_every_engine_and_give_the_hit_rate():
+    a = 'vllm:prefix_cache_queries_total{engine="0"} 100\nvllm:prefix_cache_hits_total{engine="0"} 40\n'
+    b = 'vllm:prefix_cache_queries_total{engine="1"} 300\nvllm:prefix_cache_hits_total{engine="1"} 60\n'
+    before = bench.prefix_counters([FakeMetrics(a), FakeMetrics(b)])
+    assert before == {"queries": 400.0, "hits": 100.0}
+    after = {"queries": 600.0, "hits": 250.0}
+    assert bench.hit_rate(before, after) == 0.75
+    assert bench.prefix_counters([FakeMetrics(a), FakeMetrics("", status=404)]) is None  # no partial sums
+    assert bench.hit_rate(before, before) is None
+
+
+def test_metric_totals_skip_comments_and_nan():
+    text = "# HELP x\nfoo_total{a=\"1\"} 2\nfoo_total{a=\"2\"} 3.5\nfoo_total{a=\"3\"} NaN\nbar 1\n"
+    assert metric_totals(text, ["foo_total", "baz"]) == {"foo_total": 5.5, "baz": 0.0}
+
+
+def test_tiny_png_is_a_valid_png():
+    png = tiny_png(3, 2)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png[16:24])
+    assert (width, height) == (3, 2)
+    idat_len = struct.unpack(">I", png[33:37])[0]
+    raw = zlib.decompress(png[41:41 + idat_len])
+    assert len(raw) == 2 * (1 + 3 * 3)
+    mpl_image = pytest.importorskip("matplotlib.image")
+    import io
+    assert mpl_image.imread(io.BytesIO(png), format="png").shape[:2] == (2, 3)
+
+
+def test_filler_words_have_the_asked_length_and_differ_by_seed():
+    assert len(filler_words(500).split()) == 500
+    assert filler_words(50, seed=1) != filler_words(50, seed=2)
+    json.dumps(filler_words(10))
