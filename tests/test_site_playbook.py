@@ -1,0 +1,127 @@
+"""The whole journey on a 4-node simulated cluster, the way a platform runs it: playbooks/site.yml through
+ansible_runner.run, the outcome read from the stats; then the report, the example script, and a garbage
+answer caught by validate."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import ansible_runner
+import pytest
+from matplotlib import image as mpimg
+
+from npuops_sim.testing import BIN, REPO, assert_validate_catches_missing_hccn_conf, bring_up, env, run, sim
+
+pytestmark = pytest.mark.sim
+
+CHECKS = {"health", "models", "chat", "reasoning", "tool_call", "image", "long_prompt", "stream"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = bring_up(tmp_path_factory, 4)
+    sim("weights", "--node", "1", "--size", "64M", "--files", "2")
+    c.reports = str(tmp_path_factory.mktemp("reports"))
+    yield c
+    sim("down", timeout=300)
+
+
+@pytest.fixture(scope="module")
+def site(cluster, tmp_path_factory):
+    """site.yml once, through ansible-runner, as a platform would call it."""
+    data_dir = str(tmp_path_factory.mktemp("runner"))
+    runner = ansible_runner.run(
+        private_data_dir=data_dir, project_dir=REPO, playbook="playbooks/site.yml", inventory=cluster.inventory,
+        extravars={"npuops_bench_matrix": "sim", "npuops_reports_dir": cluster.reports},
+        envvars=dict((k, v) for k, v in env().items() if k in ("ANSIBLE_CONFIG", "PATH", "PYTHONPATH")),
+        quiet=True, timeout=1200)
+    stats_event = [e for e in runner.events if e.get("event") == "playbook_on_stats"]
+    return runner, stats_event[0]["event_data"]["artifact_data"]["npuops"]
+
+
+def test_site_through_ansible_runner_reports_every_stage(cluster, site):
+    runner, outcome = site
+    assert runner.status == "successful", runner.stdout.read()[-3000:]
+    assert runner.rc == 0
+    assert runner.stats["failures"] == {} and runner.stats["dark"] == {}
+    assert set(runner.stats["processed"]) == {"node01", "node02", "node03", "node04"}
+
+    assert outcome["ok"] is True and outcome["failed"] is None
+    assert outcome["tier"] == "4node_dp" and outcome["model"] == "kimi-k3"
+    assert outcome["endpoint"] == "http://%s:8000" % cluster.ip("node01")
+    assert outcome["nodes"] == ["node01", "node02", "node03", "node04"]
+    assert outcome["preflight"]["go"] is True and outcome["preflight"]["failures"] == []
+    assert outcome["weights"]["seed"] == "node01" and outcome["weights"]["total_bytes"] > 32 * 2 ** 20
+    assert sorted(outcome["weights"]["copied_to"]) == ["node02", "node03", "node04"]
+    assert outcome["validate"]["ok"] is True
+    assert {c["name"] for c in outcome["validate"]["checks"] if c["ok"]} == CHECKS
+    assert outcome["bench"]["ok"] is True
+    assert outcome["bench_report"].startswith(cluster.reports) and os.path.isfile(outcome["bench_report"])
+
+    # per-host events: every node ran the preflight checks and started its engine
+    for host in ("node01", "node02", "node03", "node04"):
+        tasks = [e["event_data"]["task"] for e in runner.host_events(host) if e["event"] == "runner_on_ok"]
+        assert any("NPU" in t for t in tasks), (host, tasks)
+        assert any(t.startswith("Start the") for t in tasks), (host, tasks)
+
+
+def test_the_bench_report_adds_up_and_its_plots_open(site):
+    _runner, outcome = site
+    report_dir = outcome["bench"]["report_dir"]
+    text = open(outcome["bench_report"]).read()
+    assert "## Reconciliation: adds up" in text
+    for series in ("random-256x64", "agentic-2k"):
+        assert "## %s" % series in text
+    pngs = sorted(glob.glob(os.path.join(report_dir, "*.png")))
+    assert [os.path.basename(p) for p in pngs] == sorted(
+        ["throughput_vs_concurrency.png", "per_user_vs_total.png", "latency_percentiles.png"])
+    for png in pngs:
+        pixels = mpimg.imread(png)
+        assert pixels.shape[0] > 200 and pixels.shape[1] > 300 and pixels.std() > 0.01  # drawn, not blank
+    raw = sorted(glob.glob(os.path.join(report_dir, "raw", "*.json")))
+    points = [json.load(open(p)) for p in raw]
+    assert [p["npuops"]["point"]["name"] for p in points] == [r["point"] for r in outcome["bench"]["table"]]
+    lines = [json.loads(line) for line in open(os.path.join(report_dir, "requests.jsonl"))]
+    assert len(lines) == sum(p["npuops"]["planned"]["requests"] for p in points)
+    multi = [p for p in points if p["npuops"]["point"]["kind"] == "multi_turn"]
+    assert multi and all(p["npuops"]["prefix_cache_hit_rate"] > 0.5 for p in multi)  # the turns reuse the prefix
+
+
+def recheck(report_dir):
+    return run([BIN + "/ansible", "localhost", "-m", "npuops.ascend.bench_report", "-a",
+                "report_dir=%s" % report_dir], check=False, timeout=120)
+
+
+def test_a_corrupted_saved_result_fails_the_reconciliation(site, tmp_path):
+    _runner, outcome = site
+    copy = tmp_path / "report"
+    subprocess.run(["cp", "-a", outcome["bench"]["report_dir"], str(copy)], check=True)
+    assert recheck(copy).returncode == 0
+
+    victim = sorted(glob.glob(str(copy / "raw" / "*agentic-2k-c2.json")))[0]
+    result = json.load(open(victim))
+    result["completed"] += 1  # one more success than requests were sent
+    json.dump(result, open(victim, "w"))
+    proc = recheck(copy)
+    assert proc.returncode != 0
+    assert "does not add up" in proc.stdout and "agentic-2k-c2" in proc.stdout
+    assert "succeeded" in proc.stdout and "sent" in proc.stdout
+
+
+def test_the_example_script_drives_a_stage_and_prints_the_outcome(cluster, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "examples/runner_rollout.py", "-i", cluster.inventory, "--tags", "validate",
+         "--private-data-dir", str(tmp_path), "-e", json.dumps({"npuops_reports_dir": cluster.reports})],
+        cwd=REPO, env=env(), text=True, capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["status"] == "successful"
+    assert out["npuops"]["validate"]["ok"] is True
+    assert out["npuops"]["preflight"] is None and out["npuops"]["bench"] is None  # skipped by tag
+    assert "status   successful" in proc.stderr
+    assert "ok       node01" in proc.stderr  # the per-task stream
+
+
+def test_validate_catches_garbage_answers_when_hccn_conf_is_missing(cluster):
+    assert_validate_catches_missing_hccn_conf(cluster, "node02")
