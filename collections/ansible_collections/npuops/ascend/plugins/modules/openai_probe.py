@@ -23,14 +23,9 @@ description:
   - Fails with the failed rows unless O(fail_on_error=false).
 author:
   - npuops maintainers (@npuops)
+extends_documentation_fragment:
+  - npuops.ascend.endpoint
 options:
-  url:
-    description: Base URL of the endpoint, e.g. C(http://10.0.0.11:8000).
-    type: str
-    required: true
-  api_key:
-    description: The endpoint's API key, if it has one.
-    type: str
   model:
     description: The served model name. By default the first model C(/v1/models) lists.
     type: str

@@ -28,14 +28,9 @@ description:
     a command line.
 author:
   - npuops maintainers (@npuops)
+extends_documentation_fragment:
+  - npuops.ascend.endpoint
 options:
-  url:
-    description: Base URL the load goes to (the endpoint, or the PD proxy).
-    type: str
-    required: true
-  api_key:
-    description: The endpoint's API key, if it has one.
-    type: str
   model:
     description: The served model name.
     type: str
