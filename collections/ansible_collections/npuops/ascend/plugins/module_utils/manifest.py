@@ -23,24 +23,16 @@ import threading
 import time
 
 from ansible_collections.npuops.ascend.plugins.module_utils import workers
+# where the manifest lives is defined once, by the self-contained server that must find it
+from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import STATE_DIR
 
 VERSION = 2
 PIECE_SIZE = 4 * 1024 * 1024
-STATE_DIR = ".npuops"
-MANIFEST_NAME = "manifest.json"
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 
 
 class ManifestError(Exception):
     pass
-
-
-def state_dir(root):
-    return os.path.join(root, STATE_DIR)
-
-
-def default_manifest_path(root):
-    return os.path.join(state_dir(root), MANIFEST_NAME)
 
 
 def walk(root):
@@ -89,6 +81,17 @@ def hash_file(path, piece_size=PIECE_SIZE):
             if got < piece_size:
                 break
     return size, sha.hexdigest(), pieces
+
+
+def file_sha256(path, chunk=PIECE_SIZE):
+    """The sha256 of a whole file (no piece digests: half the hashing of hash_file)."""
+    sha = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            data = f.read(chunk)
+            if not data:
+                return sha.hexdigest()
+            sha.update(data)
 
 
 def summary(manifest):
@@ -141,15 +144,19 @@ def load(path):
     return data
 
 
-def save(path, data):
+def save_json(path, data, durable=True):
+    """Write JSON whole or not at all (temporary file, then rename): a reader never sees half of it.
+
+    `durable` fsyncs before the rename; state that is cheap to rebuild (caches, progress) skips it."""
     d = os.path.dirname(path)
-    if not os.path.isdir(d):
+    if d and not os.path.isdir(d):
         os.makedirs(d)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, sort_keys=True, separators=(",", ":"))
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.rename(tmp, path)
 
 

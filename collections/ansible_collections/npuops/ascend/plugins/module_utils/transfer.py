@@ -15,7 +15,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import errno
-import hashlib
 import json
 import os
 import socket
@@ -29,11 +28,9 @@ except ImportError:  # pragma: no cover - Python 2 is not supported on the nodes
     httplib = quote = urlparse = None
 
 from ansible_collections.npuops.ascend.plugins.module_utils import workers
-from ansible_collections.npuops.ascend.plugins.module_utils.manifest import piece_digest
+from ansible_collections.npuops.ascend.plugins.module_utils.manifest import file_sha256, piece_digest, save_json
 from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import (
-    PROGRESS_SUFFIX, STATE_DIR, read_progress, write_progress)
-
-CHUNK = 4 * 1024 * 1024
+    PROGRESS_SUFFIX, STATE_DIR, manifest_path, read_progress, write_progress)
 
 
 class TransferError(Exception):
@@ -140,16 +137,18 @@ class Progress(object):
                     "updated": time.time()}
 
     def write(self, state="running"):
-        if not self.path:
-            return
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.snapshot(state), f)
-        os.rename(tmp, self.path)
+        if self.path:
+            save_json(self.path, self.snapshot(state), durable=False)
 
     def run(self, every=2.0):
         while not self.stop.wait(every):
             self.write()
+
+    def finish(self, reporter, state):
+        """Stop the reporter thread, then write the final state (never two writers at once)."""
+        self.stop.set()
+        reporter.join()
+        self.write(state)
 
 
 def _verified_cache(dest):
@@ -159,26 +158,6 @@ def _verified_cache(dest):
             return path, json.load(f)
     except (IOError, OSError, ValueError):
         return path, {}
-
-
-def _save_json(path, data):
-    d = os.path.dirname(path)
-    if not os.path.isdir(d):
-        os.makedirs(d)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, sort_keys=True)
-    os.rename(tmp, path)
-
-
-def sha256_of(path, chunk=CHUNK):
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                return h.hexdigest()
-            h.update(b)
 
 
 def plan(manifest, dest, verify="fast"):
@@ -197,7 +176,7 @@ def plan(manifest, dest, verify="fast"):
                 known.get("size") == st.st_size and known.get("mtime_ns") == st.st_mtime_ns:
             verified.append(rel)
             continue
-        if st.st_size == entry["size"] and sha256_of(final) == entry["sha256"]:
+        if st.st_size == entry["size"] and file_sha256(final) == entry["sha256"]:
             cache[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": entry["sha256"]}
             verified.append(rel)
             continue
@@ -355,7 +334,7 @@ class Copier(object):
 
 
 def sync(src_urls, token, dest, manifest=None, parallel=4, verify="fast", check_only=False, stall_timeout=300,
-         manifest_timeout=60):
+         manifest_timeout=60, prewarm=False):
     """Make `dest` a verified copy of the peers' model directory. -> result dict (see weight_sync RETURN)."""
     t0 = time.time()
     sources = [Source(u, token) for u in src_urls]
@@ -367,14 +346,25 @@ def sync(src_urls, token, dest, manifest=None, parallel=4, verify="fast", check_
         if rel.startswith("/") or ".." in rel.split("/"):
             raise TransferError("the manifest lists %r, which is not a path inside the model directory" % rel)
     verified, todo, (cache_path, cache) = plan(manifest, dest, verify)
-    need = sum(manifest["files"][r]["size"] for r in todo)
     result = {"files_total": len(manifest["files"]), "files_verified": len(verified), "files_to_fetch": todo,
-              "bytes_to_fetch": need, "changed": bool(todo)}
-    if check_only or not todo:
-        if cache and not check_only:
-            _save_json(cache_path, cache)
-        result.update(files_fetched=0, bytes_fetched=0, seconds=round(time.time() - t0, 3), mb_per_s=0.0)
-        return result
+              "bytes_to_fetch": sum(manifest["files"][r]["size"] for r in todo), "changed": bool(todo),
+              "files_fetched": 0, "bytes_fetched": 0}
+    if todo and not check_only:
+        result.update(_fetch(sources, dest, manifest, verified, todo, cache, cache_path, parallel, stall_timeout,
+                             manifest_timeout))
+    elif cache and not check_only:
+        save_json(cache_path, cache, durable=False)
+    secs = time.time() - t0
+    result.update(seconds=round(secs, 3), mb_per_s=round(result["bytes_fetched"] / secs / 1e6, 1) if secs > 0 else 0.0)
+    if prewarm and not check_only:
+        t1 = time.time()
+        read_into_page_cache(dest, manifest["files"])
+        result["prewarm_seconds"] = round(time.time() - t1, 3)
+    return result
+
+
+def _fetch(sources, dest, manifest, verified, todo, cache, cache_path, parallel, stall_timeout, manifest_timeout):
+    """Fetch the `todo` files, recording each verified one in the cache. -> the fetch half of sync's result."""
     if not sources:
         raise TransferError("%d files must be fetched but no src_url was given" % len(todo))
     if any("pieces" not in manifest["files"][r] for r in todo):
@@ -386,7 +376,7 @@ def sync(src_urls, token, dest, manifest=None, parallel=4, verify="fast", check_
                                 "again and rerun" % (src, ", ".join(differ[:5])))
         manifest = full
     # kept next to the weights: our own server relays from it, and later runs can plan from it
-    _save_json(os.path.join(dest, STATE_DIR, "manifest.json"), manifest)
+    save_json(manifest_path(dest), manifest, durable=False)
     progress = Progress(os.path.join(dest, STATE_DIR, "sync-progress.json"), len(manifest["files"]),
                         sum(e["size"] for e in manifest["files"].values()))
     progress.add(done_bytes=sum(manifest["files"][r]["size"] for r in verified), files=len(verified))
@@ -404,16 +394,33 @@ def sync(src_urls, token, dest, manifest=None, parallel=4, verify="fast", check_
     try:
         workers.for_each(todo, fetch_one, parallel)
     except Exception:
-        progress.stop.set()
-        _save_json(cache_path, cache)
-        progress.write("failed")
+        try:
+            progress.finish(reporter, "failed")
+            save_json(cache_path, cache, durable=False)
+        except (IOError, OSError):
+            pass  # the copy's own error is the one to report (a full disk fails these writes too)
         raise
-    progress.stop.set()
-    _save_json(cache_path, cache)
-    progress.write("done")
-    secs = time.time() - t0
-    fetched = progress.bytes_fetched
-    result.update(files_fetched=len(todo), files_verified=len(verified), bytes_fetched=fetched,
-                  bytes_resumed=copier.resumed_bytes, seconds=round(secs, 3),
-                  mb_per_s=round(fetched / secs / 1e6, 1) if secs > 0 else 0.0)
-    return result
+    progress.finish(reporter, "done")
+    save_json(cache_path, cache, durable=False)
+    return {"files_fetched": len(todo), "bytes_fetched": progress.bytes_fetched,
+            "bytes_resumed": copier.resumed_bytes}
+
+
+def read_into_page_cache(dest, files, parallel=8, chunk=8 * 1024 * 1024):
+    """Read every file once, several at a time, so the engine's weight load comes from memory. -> bytes read."""
+    lock = threading.Lock()
+    total = [0]
+
+    def read_all(rel):
+        buf = bytearray(chunk)
+        got = 0
+        with open(os.path.join(dest, rel), "rb", buffering=0) as f:
+            n = f.readinto(buf)
+            while n:
+                got += n
+                n = f.readinto(buf)
+        with lock:
+            total[0] += got
+
+    workers.for_each(sorted(files), read_all, parallel)
+    return total[0]

@@ -116,6 +116,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.npuops.ascend.plugins.module_utils import manifest as mf
+from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import manifest_path
 
 
 def main():
@@ -136,7 +137,7 @@ def main():
     if not os.path.isdir(root):
         module.fail_json(msg="the model directory %s does not exist on this node: download the weights there first, "
                              "or fix npuops_model_dir" % root)
-    path = p["manifest"] or mf.default_manifest_path(root)
+    path = p["manifest"] or manifest_path(root)
     publisher = p["publisher_manifest"]
     if isinstance(publisher, str) and publisher:
         try:
@@ -158,7 +159,7 @@ def main():
     old_files = (previous or {}).get("files", {})
     changed = previous != data
     if changed and not module.check_mode:
-        mf.save(path, data)
+        mf.save_json(path, data)
     result = dict(changed=changed, manifest=path, files=len(data["files"]), total_bytes=mf.total_bytes(data),
                   hashed=stats["hashed"], bytes_hashed=stats["bytes_hashed"], seconds=stats["seconds"],
                   mismatched=mismatched, safetensors_errors=stats["safetensors_errors"])

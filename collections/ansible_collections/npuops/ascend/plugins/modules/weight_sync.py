@@ -137,26 +137,9 @@ prewarm_seconds:
   type: float
 """
 
-import json
-import os
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.npuops.ascend.plugins.module_utils import transfer, workers
-
-
-def prewarm(dest, manifest, parallel=8, chunk=8 * 1024 * 1024):
-    """Read every file once (into the page cache); -> seconds."""
-    def read_all(rel):
-        buf = bytearray(chunk)
-        with open(os.path.join(dest, rel), "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
-
-    t0 = time.time()
-    workers.for_each(sorted(manifest["files"]), read_all, parallel)
-    return round(time.time() - t0, 3)
+from ansible_collections.npuops.ascend.plugins.module_utils import transfer
 
 
 def main():
@@ -180,10 +163,7 @@ def main():
     try:
         result = transfer.sync(p["src_url"], p["token"] or "", p["dest"], manifest=p["manifest"],
                                parallel=p["parallel"], verify=p["verify"], check_only=module.check_mode,
-                               stall_timeout=p["stall_timeout"])
-        if p["prewarm"] and not module.check_mode:
-            with open(os.path.join(p["dest"], transfer.STATE_DIR, "manifest.json")) as f:
-                result["prewarm_seconds"] = prewarm(p["dest"], json.load(f))
+                               stall_timeout=p["stall_timeout"], prewarm=p["prewarm"])
     except transfer.TransferError as e:
         module.fail_json(msg=str(e), dest=p["dest"])
     except (IOError, OSError) as e:

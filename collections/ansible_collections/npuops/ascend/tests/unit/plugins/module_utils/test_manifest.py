@@ -112,7 +112,7 @@ def test_download_commands_pin_the_revision():
 def test_load_and_save_round_trip_and_reject_foreign_files(tmp_path):
     path = str(tmp_path / "d" / "manifest.json")
     data = {"version": manifest.VERSION, "piece_size": 4, "files": {}}
-    manifest.save(path, data)
+    manifest.save_json(path, data)
     assert manifest.load(path) == data
     assert manifest.load(str(tmp_path / "missing.json")) is None
     open(path, "w").write('{"files": []}')

@@ -6,6 +6,7 @@ __metaclass__ = type
 
 import errno
 import filecmp
+import http.client
 import io
 import json
 import os
@@ -26,7 +27,7 @@ TOKEN = "t0ken-abc-123"
 def seed(tmp_path):
     root = model_dir(str(tmp_path / "seed"))
     m, _stats = manifest.build(root, piece_size=PIECE)
-    manifest.save(manifest.default_manifest_path(root), m)
+    manifest.save_json(weight_server.manifest_path(root), m)
     return root, m
 
 
@@ -65,6 +66,28 @@ def test_full_copy_is_byte_identical_and_a_rerun_moves_nothing(seed, server, tmp
     assert not [f for f in os.listdir(os.path.join(dest, "tokenizer")) if f.endswith(".part")]
     again = transfer.sync([server.url], TOKEN, dest)
     assert not again["changed"] and again["bytes_fetched"] == 0 and again["files_verified"] == 5
+
+
+def test_the_progress_file_ends_with_the_final_state(seed, server, tmp_path):
+    root, m = seed
+    dest = str(tmp_path / "dest")
+    transfer.sync([server.url], TOKEN, dest, parallel=3)
+    with open(os.path.join(dest, ".npuops", "sync-progress.json")) as f:
+        progress = json.load(f)
+    assert progress["state"] == "done" and progress["files_done"] == 5
+    assert progress["bytes_done"] == progress["bytes_total"] == manifest.total_bytes(m)
+
+
+def test_prewarm_reads_every_file_of_a_verified_copy_planned_from_the_summary(seed, server, tmp_path):
+    root, m = seed
+    dest = str(tmp_path / "dest")
+    transfer.sync([server.url], TOKEN, dest)
+    os.unlink(weight_server.manifest_path(dest))  # the summary the controller passes is all prewarm needs
+    out = transfer.sync([], "", dest, manifest=manifest.summary(m), prewarm=True)
+    assert not out["changed"] and out["prewarm_seconds"] >= 0
+    assert transfer.read_into_page_cache(dest, m["files"]) == manifest.total_bytes(m)
+    assert "prewarm_seconds" not in transfer.sync([], "", dest, manifest=manifest.summary(m), prewarm=True,
+                                                  check_only=True)
 
 
 def test_a_killed_copy_resumes_with_less_than_one_file_resent(seed, server, tmp_path):
@@ -134,7 +157,7 @@ def test_a_piece_that_does_not_match_the_manifest_names_file_piece_and_both_dige
     rel = "model-00002-of-00003.safetensors"
     real = bad["files"][rel]["pieces"][2]
     bad["files"][rel]["pieces"][2] = "0" * 32
-    manifest.save(manifest.default_manifest_path(root), bad)
+    manifest.save_json(weight_server.manifest_path(root), bad)
     with pytest.raises(transfer.ChecksumError) as e:
         transfer.sync([server.url], TOKEN, str(tmp_path / "dest"), parallel=1)
     msg = str(e.value)
@@ -154,20 +177,15 @@ def test_the_controller_plans_with_the_summary_and_the_pieces_come_from_the_peer
 
 
 def raw_get(url, path, token=TOKEN):
-    host, port = url[7:].split(":")
-    s = socket.create_connection((host, int(port)))
-    head = "GET %s HTTP/1.1\r\nHost: x\r\n" % path
-    if token is not None:
-        head += "Authorization: Bearer %s\r\n" % token
-    s.sendall((head + "Connection: close\r\n\r\n").encode())
-    data = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    s.close()
-    return int(data.split(b" ", 2)[1]), data
+    """GET `path` as given (no normalisation), with the token if any. -> (status, body)."""
+    host, port = url[len("http://"):].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", path, headers={"Authorization": "Bearer " + token} if token is not None else {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
 
 
 def test_a_wrong_or_missing_token_is_refused_and_never_logged(server, tmp_path):
