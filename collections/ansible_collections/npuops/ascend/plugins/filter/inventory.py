@@ -13,14 +13,9 @@ __metaclass__ = type
 
 import ipaddress
 
+from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
+
 ENGINES = ("docker", "podman", "isula")
-
-
-def _get(hostvars, host, name):
-    try:
-        return hostvars[host].get(name)
-    except (KeyError, AttributeError):
-        return None
 
 
 def _ipv4(value):
@@ -41,7 +36,7 @@ def validate(groups, hostvars, known_tiers, presets, booleans=(), tier_groups=No
     if not nodes:
         return ["the inventory has no hosts in group npu_nodes; put every NPU server in npu_nodes"]
     first = nodes[0]
-    tier = _get(hostvars, first, "npuops_tier")
+    tier = hostvar(hostvars, first, "npuops_tier")
     if tier not in known_tiers:
         problems.append("npuops_tier = %r is not a tier; set it to one of %s" % (tier, ", ".join(sorted(known_tiers))))
     elif len(nodes) != int(known_tiers[tier]):
@@ -50,29 +45,29 @@ def validate(groups, hostvars, known_tiers, presets, booleans=(), tier_groups=No
     for name in ("npuops_tier", "npuops_model", "npuops_model_dir", "npuops_image", "npuops_container_engine"):
         values = {}
         for h in nodes:
-            values.setdefault(repr(_get(hostvars, h, name)), []).append(h)
+            values.setdefault(repr(hostvar(hostvars, h, name)), []).append(h)
         if len(values) > 1:
             problems.append("%s differs between hosts (%s); it must be the same on every node of the cluster"
                             % (name, "; ".join("%s on %s" % (v, ", ".join(hs)) for v, hs in sorted(values.items()))))
-    model = _get(hostvars, first, "npuops_model")
+    model = hostvar(hostvars, first, "npuops_model")
     if model not in presets:
         problems.append("npuops_model = %r is not a model preset; use one of %s (or add a preset)"
                         % (model, ", ".join(sorted(presets))))
-    model_dir = _get(hostvars, first, "npuops_model_dir")
+    model_dir = hostvar(hostvars, first, "npuops_model_dir")
     if not isinstance(model_dir, str) or not model_dir.startswith("/"):
         problems.append("npuops_model_dir = %r must be an absolute path on the nodes, e.g. /data/models/Kimi-K3-W4A8"
                         % (model_dir,))
-    image = _get(hostvars, first, "npuops_image")
+    image = hostvar(hostvars, first, "npuops_image")
     if not isinstance(image, str) or not image.strip() or " " in image:
         problems.append("npuops_image = %r must be an image reference, e.g. quay.io/ascend/vllm-ascend:v0.23.0-a3"
                         % (image,))
-    engine = _get(hostvars, first, "npuops_container_engine")
+    engine = hostvar(hostvars, first, "npuops_container_engine")
     if engine is not None and engine not in ENGINES:
         problems.append("npuops_container_engine = %r must be one of %s" % (engine, ", ".join(ENGINES)))
 
     seen_ip, seen_fabric = {}, {}
     for h in nodes:
-        ip = _get(hostvars, h, "npuops_node_ip")
+        ip = hostvar(hostvars, h, "npuops_node_ip")
         if not _ipv4(ip):
             problems.append("host %s: npuops_node_ip = %r is not an IPv4 address; set it to the address of the node "
                             "on npuops_nic (HCCL_IF_IP and VLLM_HOST_IP are set from it)" % (h, ip))
@@ -81,11 +76,11 @@ def validate(groups, hostvars, known_tiers, presets, booleans=(), tier_groups=No
                             % (h, ip, seen_ip[ip]))
         else:
             seen_ip[ip] = h
-        nic = _get(hostvars, h, "npuops_nic")
+        nic = hostvar(hostvars, h, "npuops_nic")
         if not isinstance(nic, str) or not nic.strip() or len(nic) > 15 or " " in nic:
             problems.append("host %s: npuops_nic = %r must name the interface that owns npuops_node_ip "
                             "(e.g. enp189s0f0); GLOO/TP/HCCL_SOCKET_IFNAME are set from it" % (h, nic))
-        fabric = _get(hostvars, h, "npuops_fabric_ip")
+        fabric = hostvar(hostvars, h, "npuops_fabric_ip")
         if fabric is not None:
             if not _ipv4(fabric):
                 problems.append("host %s: npuops_fabric_ip = %r is not an IPv4 address; set it to the node's address "
@@ -95,7 +90,7 @@ def validate(groups, hostvars, known_tiers, presets, booleans=(), tier_groups=No
             else:
                 seen_fabric[fabric] = h
         for name in booleans:
-            value = _get(hostvars, h, name)
+            value = hostvar(hostvars, h, name)
             if value is not None and not isinstance(value, bool):
                 kind = "string" if isinstance(value, str) else "number" if isinstance(value, (int, float)) else \
                     type(value).__name__
@@ -117,7 +112,7 @@ def validate(groups, hostvars, known_tiers, presets, booleans=(), tier_groups=No
                 if a & b:
                     problems.append("hosts %s are in more than one of the groups %s; a node serves one side"
                                     % (", ".join(sorted(a & b)), ", ".join(sorted(tier_groups[tier]))))
-        proxy = _get(hostvars, first, "npuops_proxy_host")
+        proxy = hostvar(hostvars, first, "npuops_proxy_host")
         if proxy not in nodes and proxy not in hostvars:
             problems.append("npuops_proxy_host = %r is not a host of the inventory; name the host that runs the PD "
                             "proxy (the front door)" % (proxy,))

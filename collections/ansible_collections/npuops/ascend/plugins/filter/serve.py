@@ -16,6 +16,7 @@ __metaclass__ = type
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
+from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 PROXY_SCRIPT = "/vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py"
 # device nodes and read-only host paths every vLLM-Ascend container needs (ascend-facts §3.2), plus
@@ -37,14 +38,6 @@ COMMON_ENV = {
 MODEL_KEYS = ("served_model_name", "quantization", "tokenizer_mode", "reasoning_parser", "tool_call_parser",
               "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "block_size",
               "safetensors_load_strategy")
-
-
-def _get(hostvars, host, name, default=None):
-    try:
-        value = hostvars[host].get(name, default)
-    except (KeyError, AttributeError):
-        return default
-    return default if value is None else value
 
 
 def engine_spec(entry, model, model_dir, tier, instance):
@@ -98,15 +91,15 @@ def engine_spec(entry, model, model_dir, tier, instance):
 
 
 def engine_env(entry, hostvars, host, tier, instance, dies):
-    nic = _get(hostvars, host, "npuops_nic")
+    nic = hostvar(hostvars, host, "npuops_nic")
     env = dict(COMMON_ENV)
     env.update(HCCL_IF_IP=entry["node_ip"], VLLM_HOST_IP=entry["node_ip"], GLOO_SOCKET_IFNAME=nic,
                TP_SOCKET_IFNAME=nic, HCCL_SOCKET_IFNAME=nic,
                ASCEND_RT_VISIBLE_DEVICES=",".join(str(i) for i in range(dies)))
-    env.update(dict((k, str(v)) for k, v in (tier.get("env") or {}).items()))
-    env.update(dict((k, str(v)) for k, v in (instance.get("env") or {}).items()))
-    env.update(dict((k, str(v)) for k, v in ((instance.get("env_by_role") or {}).get(entry["role"]) or {}).items()))
-    env.update(dict((k, str(v)) for k, v in (_get(hostvars, host, "npuops_env_overrides", {}) or {}).items()))
+    # later layers win: tier, instance, instance per role, then the host's own overrides
+    for layer in (tier.get("env"), instance.get("env"), (instance.get("env_by_role") or {}).get(entry["role"]),
+                  hostvar(hostvars, host, "npuops_env_overrides")):
+        env.update((k, str(v)) for k, v in (layer or {}).items())
     return env
 
 
@@ -132,14 +125,14 @@ def serve_containers(plan, hostvars, tier, model, options):
     for host, entry in sorted(plan["hosts"].items()):
         instance = instances[entry["instance"]]
         spec = engine_spec(entry, model, options["model_dir"], tier, instance)
-        spec.update(_get(hostvars, host, "npuops_vllm_overrides", {}) or {})
+        spec.update(hostvar(hostvars, host, "npuops_vllm_overrides", {}) or {})
         try:
             argv = vllm_cli.render(spec)
         except vllm_cli.VllmCliError as e:
             raise AnsibleFilterError("serve_containers: host %s: %s" % (host, e))
         leader = plan["hosts"][entry["leader"]]
         ready_host = entry if entry["serves_http"] else leader
-        devices = _get(hostvars, host, "npuops_devices") or options.get("devices") or list(range(dies))
+        devices = hostvar(hostvars, host, "npuops_devices") or options.get("devices") or list(range(dies))
         peers = rendezvous_peer(spec) if entry["role"] == "worker" else []
         out[host] = {"engine": {
             "name": options.get("name", "vllm"),
@@ -186,7 +179,7 @@ def serve_failures(hostvars, hosts, key):
     clears `failed`; a failed vllm_container result always carries a msg, a successful one never does."""
     out = []
     for h in hosts:
-        res = _get(hostvars, h, key, {}) or {}
+        res = hostvar(hostvars, h, key, {}) or {}
         if res.get("msg") and not res.get("skipped"):
             out.append("%s: %s" % (h, res["msg"]))
         elif res.get("unreachable"):

@@ -16,6 +16,8 @@ __metaclass__ = type
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
+
 HCCL_HOST_PORTS = 16  # HCCL_IF_BASE_PORT .. +15: one host listen port per device on A3
 MIN_KV_PORT_A3 = 36000  # AscendDirect picks random ports in [20000, 20000 + npus*1000) (ascend-facts §4.4)
 
@@ -24,16 +26,8 @@ class PlanError(Exception):
     pass
 
 
-def _hostvar(hostvars, host, name, default=None):
-    try:
-        value = hostvars[host].get(name, default)
-    except (KeyError, AttributeError):
-        return default
-    return default if value is None else value
-
-
 def _node_ip(hostvars, host):
-    ip = _hostvar(hostvars, host, "npuops_node_ip")
+    ip = hostvar(hostvars, host, "npuops_node_ip")
     if not ip:
         raise PlanError("host %s: npuops_node_ip is not set; set it to the node's address on npuops_nic" % host)
     return str(ip)

@@ -17,14 +17,7 @@ import json
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.npuops.ascend.plugins.module_utils import manifest as mf
-
-
-def _get(hostvars, host, name, default=None):
-    try:
-        value = hostvars[host].get(name, default)
-    except (KeyError, AttributeError):
-        return default
-    return default if value is None else value
+from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 
 def weights_chain(hosts, seed):
@@ -38,7 +31,7 @@ def weights_sources(chain, hostvars, port):
     """{host: [url of the node before it, the one before that, ..., the seed]} over npuops_fabric_ip."""
     urls = {}
     for h in chain:
-        ip = _get(hostvars, h, "npuops_fabric_ip") or _get(hostvars, h, "npuops_node_ip")
+        ip = hostvar(hostvars, h, "npuops_fabric_ip") or hostvar(hostvars, h, "npuops_node_ip")
         if not ip:
             raise AnsibleFilterError("weights_sources: host %s has neither npuops_fabric_ip nor npuops_node_ip" % h)
         urls[h] = "http://%s:%d" % (ip, int(port))
@@ -69,8 +62,8 @@ def weights_progress(hostvars, receivers):
     """One line per receiving node from its slurped sync-progress.json and its async status."""
     lines = []
     for h in receivers:
-        status = _get(hostvars, h, "npuops_weights_status", {}) or {}
-        raw = (_get(hostvars, h, "npuops_weights_progress", {}) or {}).get("content")
+        status = hostvar(hostvars, h, "npuops_weights_status", {}) or {}
+        raw = (hostvar(hostvars, h, "npuops_weights_progress", {}) or {}).get("content")
         p = {}
         if raw:
             try:
@@ -91,7 +84,7 @@ def weights_done(hostvars, receivers, active=None):
     """Every copy ended; a receiver that dropped out of the play (failed, unreachable) has ended too."""
     if active is not None:
         receivers = [h for h in receivers if h in active]
-    return all(copy_state(_get(hostvars, h, "npuops_weights_status")) != "running" for h in receivers)
+    return all(copy_state(hostvar(hostvars, h, "npuops_weights_status")) != "running" for h in receivers)
 
 
 def weights_summary(hostvars, receivers):
@@ -99,7 +92,7 @@ def weights_summary(hostvars, receivers):
     keys = ("files_fetched", "files_verified", "bytes_fetched", "bytes_resumed", "mb_per_s", "seconds")
     out = {}
     for h in receivers:
-        status = _get(hostvars, h, "npuops_weights_status", {}) or {}
+        status = hostvar(hostvars, h, "npuops_weights_status", {}) or {}
         out[h] = dict((k, status.get(k)) for k in keys)
     return out
 
