@@ -1,10 +1,10 @@
 """playbooks/weights.yml and the weight modules on the simulated cluster: real TCP between nodes."""
 import hashlib
+import http.client
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 
@@ -206,17 +206,14 @@ def test_a_source_changed_after_its_manifest_fails_naming_the_file_and_stops_the
 
 
 def http_get(host, port, path, token):
-    s = socket.create_connection((host, port), timeout=10)
-    head = "GET %s HTTP/1.1\r\nHost: x\r\n" % path + ("Authorization: Bearer %s\r\n" % token if token else "")
-    s.sendall((head + "Connection: close\r\n\r\n").encode())
-    data = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    s.close()
-    return int(data.split(b" ", 2)[1]), data
+    """GET `path` as given (no normalisation), with the token if any. -> (status, body)."""
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"Authorization": "Bearer " + token} if token else {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
 
 
 def test_the_server_refuses_wrong_tokens_and_paths_outside_the_manifest(cluster):
