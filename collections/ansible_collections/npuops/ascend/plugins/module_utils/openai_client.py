@@ -56,24 +56,31 @@ class Client(object):
         except (URLError, socket.error, OSError) as e:
             return None, str(getattr(e, "reason", e)), time.time() - t0
 
-    def post(self, path, body):
-        """-> (parsed JSON, seconds); raises ApiError with the server's message."""
-        t0 = time.time()
+    def _request(self, path, body):
+        """open_url, with every failure as an ApiError carrying the server's own message."""
         try:
-            resp = self._open(path, body)
-            try:
-                return json.loads(resp.read().decode("utf-8")), time.time() - t0
-            finally:
-                resp.close()
+            return self._open(path, body)
         except HTTPError as e:
             text = e.read().decode("utf-8", "replace")
             try:
-                msg = json.loads(text).get("message") or json.loads(text).get("error") or text
-            except ValueError:
+                parsed = json.loads(text)
+                msg = parsed.get("message") or parsed.get("error") or text
+            except (ValueError, AttributeError):
                 msg = text
             raise ApiError("HTTP %d: %s" % (e.code, str(msg)[:500]), e.code, text)
         except (URLError, socket.error, OSError) as e:
             raise ApiError("no answer from %s%s: %s" % (self.base, path, getattr(e, "reason", e)))
+
+    def post(self, path, body):
+        """-> (parsed JSON, seconds); raises ApiError with the server's message."""
+        t0 = time.time()
+        resp = self._request(path, body)
+        try:
+            return json.loads(resp.read().decode("utf-8")), time.time() - t0
+        except (URLError, socket.error, OSError) as e:
+            raise ApiError("no answer from %s%s: %s" % (self.base, path, getattr(e, "reason", e)))
+        finally:
+            resp.close()
 
     def stream(self, path, body):
         """Streams a chat or completion; -> dict(text, reasoning, chunks, ttft, itls, seconds, finish_reason, usage)."""
@@ -82,12 +89,7 @@ class Client(object):
         out = {"text": "", "reasoning": "", "chunks": 0, "ttft": None, "itls": [], "finish_reason": None,
                "usage": None}
         last = None
-        try:
-            resp = self._open(path, body)
-        except HTTPError as e:
-            raise ApiError("HTTP %d: %s" % (e.code, e.read().decode("utf-8", "replace")[:500]), e.code)
-        except (URLError, socket.error, OSError) as e:
-            raise ApiError("no answer from %s%s: %s" % (self.base, path, getattr(e, "reason", e)))
+        resp = self._request(path, body)
         try:
             for raw in resp:
                 line = raw.decode("utf-8", "replace").strip()
