@@ -83,7 +83,7 @@ def random_argv(point, base_url, model, result_dir, filename):
 def multi_turn(client, model, point):
     """Agentic sessions: `concurrency` at a time, `sessions` in all, `turns` each, every turn resending the
     conversation (a private context of about `context_tokens`, then the turns so far)."""
-    sessions = int(point.get("sessions") or point["concurrency"])
+    sessions = planned(point)["sessions"]
     turns = int(point["turns"])
     limit = threading.Semaphore(int(point["concurrency"]))
     lock = threading.Lock()
