@@ -1,13 +1,16 @@
 """playbooks/deploy.yml on a 4-node simulated cluster: what changes restarts, what is wrong fails fast, named."""
+import ipaddress
 import json
 import re
 import time
 
 import pytest
 
-from npuops_sim.testing import BIN, bring_up, run, sim
+from npuops_sim.testing import BIN, TEST_ENV, bring_up, run, sim
 
 pytestmark = pytest.mark.sim
+# an address on the test cluster's own management network that no node has
+WRONG_LEADER = str(ipaddress.ip_network(TEST_ENV["SIM_MGMT_NET"]).network_address + 99)
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +71,9 @@ def test_a_duplicate_rank_fails_fast_naming_the_host_and_stops_everything(cluste
 def test_a_wrong_leader_address_fails_fast_naming_the_host(cluster, tmp_path):
     t0 = time.time()
     out = deploy(cluster, *overrides(tmp_path, "node04", {"npuops_vllm_overrides": {
-        "data_parallel_address": "10.223.0.99"}}), check=False)
+        "data_parallel_address": WRONG_LEADER}}), check=False)
     assert out.returncode != 0 and time.time() - t0 < 120
-    assert re.search(r"node04: vllm: container vllm cannot reach 10.223.0.99:13389", out.stdout)
+    assert re.search(r"node04: vllm: container vllm cannot reach %s:13389" % re.escape(WRONG_LEADER), out.stdout)
     assert all(" running " not in s for s in started(cluster).values())
     fixed = deploy(cluster)  # and the right inventory brings it all back
     assert "4node_dp is serving kimi-k3" in fixed.stdout

@@ -64,6 +64,7 @@ def main(argv=None):
     fault.add_argument("--device", type=int_or_none)
     fault.add_argument("--peer")
     fault.add_argument("--port", type=int_or_none)
+    fault.add_argument("--container", default="vllm", help="engine_hang: the container to freeze")
     sub.add_parser("status")
     ex = sub.add_parser("exec")
     ex.add_argument("node")
@@ -93,7 +94,8 @@ def main(argv=None):
             seconds = c.down()
             print("sim-down: done in %.1fs" % seconds)
         elif args.cmd == "fault":
-            faults = c.fault(args.node, args.fault, device=args.device, peer=args.peer, port=args.port)
+            faults = c.fault(args.node, args.fault, device=args.device, peer=args.peer, port=args.port,
+                             container=args.container)
             print("sim-fault: node %s now has faults: %s" % (args.node, json.dumps(faults) if faults else "none"))
         elif args.cmd == "status":
             state = c.load()

@@ -456,7 +456,7 @@ class Cluster:
         self.write_driver_files(root, p, upper=False)
 
     # ----------------------------------------------------------------- faults
-    def fault(self, node, fault, device=None, peer=None, port=None):
+    def fault(self, node, fault, device=None, peer=None, port=None, container="vllm"):
         name, info, state = self.node(node)
         if fault == "clear":
             return self.clear(name, device)
@@ -482,6 +482,20 @@ class Cluster:
                 pass
         elif fault == "no_shm":
             self.nsenter(name, ["mount", "-o", "remount,size=%s" % SMALL_SHM, "/dev/shm"])
+        elif fault == "node_down":
+            # the node's cables pulled: management and fabric links down at the switch (the bridge side)
+            for link in (self.names.mgmt_veth(info["index"]), self.names.fabric_veth(info["index"])):
+                run(["ip", "link", "set", link, "down"])
+        elif fault in ("engine_hang", "relay_hang"):
+            pids = self.engine_pids(name, container) if fault == "engine_hang" else self.weight_server_pids(info)
+            if not pids:
+                raise SimError("%s: %s found no %s to freeze" % (name, fault, "container %s" % container
+                                                                if fault == "engine_hang" else "weight server"))
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            extra["pids"] = pids
+            if fault == "engine_hang":
+                extra["container"] = container
         elif fault == "port_busy":
             port = int(port or DEFAULT_BUSY_PORT)
             pid = self.spawn(name, ["/usr/bin/python3", "-c", BUSY_LISTENER, str(port)])
@@ -506,6 +520,14 @@ class Cluster:
                 pp = self.read_profile(f["peer"])
                 pp["faults"] = [x for x in pp["faults"] if not (x["fault"] == "fabric_cut" and x.get("peer") == name)]
                 self.write_profile(f["peer"], pp)
+        for f in p.get("faults", []):
+            for pid in f.get("pids", []) if f["fault"] in ("engine_hang", "relay_hang") else []:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        for link in (self.names.mgmt_veth(info["index"]), self.names.fabric_veth(info["index"])):
+            run(["ip", "link", "set", link, "up"])
         # device addresses back (link_down removed them)
         present = run(["ip", "-n", info["netns"], "-j", "addr", "show", "dev", plan.FABRIC_NIC]).stdout
         have = {a["local"] for i in json.loads(present) for a in i.get("addr_info", [])}
@@ -521,6 +543,25 @@ class Cluster:
         self.save(state)
         self.write_profile(name, prof.clear_faults(p, healthy))
         return []
+
+    def engine_pids(self, name, container):
+        """The processes of a container on the node: its init (as podman reports it) and every descendant."""
+        out = self.nsenter(name, ["podman", "inspect", "--format", "{{.State.Pid}}", container], check=False)
+        top = int(out.stdout.strip() or 0) if out.returncode == 0 else 0
+        return descendants(top) if top > 0 else []
+
+    def weight_server_pids(self, info):
+        """The weight servers running in the node (processes of its own mount namespace)."""
+        found = []
+        for pid in pids_in_mount_ns(info["mntns"]):
+            try:
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if any(a.endswith(b"npuops_weight_server.py") for a in argv) and b"serve" in argv:
+                found.append(pid)
+        return found
 
     # ----------------------------------------------------------------- down
     def down(self):
@@ -605,6 +646,25 @@ class Cluster:
         present = {link.get("ifname") for link in listed}
         # veths first: deleting one end removes its peer inside the node's namespace
         return sorted(links & present, key=lambda n: (n in (self.names.mgmt_bridge(), self.names.fabric_bridge()), n))
+
+
+def descendants(top):
+    """`top` and every process below it (from the parent ids in /proc)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [top]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return sorted(out)
 
 
 def libpod_cgroup_parents():

@@ -9,7 +9,11 @@ import sys
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.path.dirname(sys.executable)
-TEST_ENV = {"SIM_ID": "npst", "SIM_MGMT_NET": "10.223.0.0/24", "SIM_FABRIC_NET": "10.224.0.0/20"}
+# NPUOPS_TEST_SIM_ID / _MGMT_NET / _FABRIC_NET move the tests' cluster elsewhere (a second checkout testing on
+# the same machine); SIM_ROOT (read by the simulator itself) gives it its own state and image store too.
+TEST_ENV = {"SIM_ID": os.environ.get("NPUOPS_TEST_SIM_ID", "npst"),
+            "SIM_MGMT_NET": os.environ.get("NPUOPS_TEST_MGMT_NET", "10.223.0.0/24"),
+            "SIM_FABRIC_NET": os.environ.get("NPUOPS_TEST_FABRIC_NET", "10.224.0.0/20")}
 
 
 def env():

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from npuops_sim.testing import BIN, run, sim
+from npuops_sim.testing import BIN, TEST_ENV, run, sim
 
 pytestmark = pytest.mark.sim
 HCCN = "/usr/local/Ascend/driver/tools/hccn_tool"
@@ -49,7 +49,7 @@ def test_ping_fails_after_link_down_and_recovers_after_clear(cluster4):
     cmd = "%s -i 3 -ping -g address %s" % (HCCN, peer)
     ok = cluster4.ssh("node02", cmd)
     assert "3 packets transmitted, 3 received, 0.00% packet loss" in ok.stdout
-    env = "SIM_ID=npst SIM_MGMT_NET=10.223.0.0/24 SIM_FABRIC_NET=10.224.0.0/20"
+    env = " ".join("%s=%s" % kv for kv in sorted(TEST_ENV.items()))
     run(["bash", "-c", "%s make -s sim-fault NODE=2 FAULT=link_down DEVICE=3" % env])
     down = cluster4.ssh("node02", cmd, check=False)
     assert down.returncode != 0 and "3 received" not in down.stdout and "100.00% packet loss" in down.stdout
@@ -145,3 +145,63 @@ def test_npu_table_playbook_prints_every_node(cluster4):
     out = run([BIN + "/ansible-playbook", "-i", cluster4.inventory, "playbooks/npu_table.yml"]).stdout
     assert out.count("| npu-smi 25.5.1") == 4
     assert re.search(r"node04\s+: ok=2\s+changed=0\s+unreachable=0\s+failed=0", out)
+
+
+
+def proc_state(pid):
+    """The kernel state letter of a process (R, S, T for stopped, ...), read on this machine by PID."""
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_npu_smi_hang_blocks_npu_smi_until_cleared(cluster4):
+    sim("fault", "--node", "2", "--fault", "npu_smi_hang")
+    try:
+        hung = cluster4.ssh("node02", "timeout 3 npu-smi info -m; echo rc=$?", check=False)
+        assert "rc=124" in hung.stdout  # killed by timeout: it never answered
+    finally:
+        sim("fault", "--node", "2", "--fault", "clear")
+    assert "Chip Logic ID" in cluster4.ssh("node02", "timeout 3 npu-smi info -m").stdout
+
+
+def test_node_down_cuts_the_node_off_until_cleared(cluster4):
+    device = cluster4.profile("node04")["devices"]["0"]["ip"]
+    ssh = ["ssh", "-i", cluster4.api.ssh_dir() + "/id_ed25519", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+           "-o", "UserKnownHostsFile=%s/known_hosts" % cluster4.api.ssh_dir(), "root@" + cluster4.ip("node04"),
+           "hostname"]
+    sim("fault", "--node", "4", "--fault", "node_down")
+    try:
+        assert run(["ping", "-c", "1", "-W", "1", cluster4.ip("node04")], check=False).returncode != 0
+        assert run(ssh, check=False, timeout=30).returncode == 255  # ssh: connection timed out
+        assert "100.00% packet loss" in cluster4.ssh("node03", "%s -i 0 -ping -g address %s" % (HCCN, device),
+                                                     check=False).stdout
+    finally:
+        sim("fault", "--node", "4", "--fault", "clear")
+    assert run(ssh, timeout=30).stdout.strip() == "node04"
+    assert "0.00% packet loss" in cluster4.ssh("node03", "%s -i 0 -ping -g address %s" % (HCCN, device)).stdout
+
+
+def test_engine_hang_and_relay_hang_freeze_the_processes_until_cleared(cluster4):
+    image = "localhost/npuops-sim/vllm-ascend:v0.23.0-a3"
+    cluster4.ssh("node01", "podman run -d --name vllm --network host %s sh -c 'sleep 600 & wait'" % image)
+    engine = int(cluster4.ssh("node01", "podman inspect --format '{{.State.Pid}}' vllm").stdout)
+    relay = int(cluster4.ssh("node01", "echo 'import time; time.sleep(600)' > /tmp/npuops_weight_server.py && "
+                                       "{ setsid python3 /tmp/npuops_weight_server.py serve >/dev/null 2>&1 & "
+                                       "echo $!; }").stdout)
+    try:
+        assert proc_state(engine) in "SR" and proc_state(relay) in "SR"
+        sim("fault", "--node", "1", "--fault", "engine_hang")
+        assert proc_state(engine) == "T" and proc_state(relay) in "SR"
+        sim("fault", "--node", "1", "--fault", "relay_hang")
+        assert proc_state(relay) == "T"
+        assert {f["fault"] for f in cluster4.profile("node01")["faults"]} == {"engine_hang", "relay_hang"}
+        sim("fault", "--node", "1", "--fault", "clear")
+        assert proc_state(engine) in "SR" and proc_state(relay) in "SR"
+    finally:
+        cluster4.ssh("node01", "podman rm -f -t 1 vllm; kill %d; rm -f /tmp/npuops_weight_server.py" % relay,
+                     check=False)
+
+
+def test_engine_hang_without_an_engine_is_refused(cluster4):
+    bad = sim("fault", "--node", "3", "--fault", "engine_hang", check=False)
+    assert bad.returncode != 0 and "found no container vllm" in bad.stderr

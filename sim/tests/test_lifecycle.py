@@ -46,7 +46,8 @@ def test_down_leaves_nothing_behind_and_is_safe_twice(tmp_path_factory):
     run([BIN + "/ansible", "all", "-i", c.inventory, "-m", "ansible.builtin.ping"])
     during = snapshot()
     assert {n["netns"] for n in state["nodes"].values()} <= during["netns"] - before["netns"]
-    assert during["links"] - before["links"] >= {"npst-mgmt", "npst-fab", "npst-m01", "npst-f02"}
+    p = TEST_ENV["SIM_ID"]
+    assert during["links"] - before["links"] >= {p + "-mgmt", p + "-fab", p + "-m01", p + "-f02"}
     pids = [n["sshd_pid"] for n in state["nodes"].values()] + [h["pid"] for h in c.state["helpers"]]
 
     out = sim("down").stdout

@@ -194,6 +194,8 @@ def render_all(p):
     """Every answer the simulated npu-smi gives, as files the small sh front end prints:
     {"info": text, "info_-m": ..., "info_-l": ..., "t/<type>_<card>[_<chip>]": text}."""
     files = {"info": info_table(p), "info_-m": info_m(p), "info_-l": info_l(p)}
+    if any(f.get("fault") == "npu_smi_hang" for f in p.get("faults", [])):
+        files["hang"] = "the driver does not answer (fault npu_smi_hang)"
     for card in p["cards"]:
         for kind in TYPES:
             for chip in [None] + card["chips"]:

@@ -15,6 +15,10 @@ from collections import OrderedDict
 TOKEN = re.compile(r"[\u2E80-\u9FFF\uF900-\uFAFF\uFF00-\uFFEF]|[A-Za-z0-9_]+|[^\s]")
 PREFILL_TOKENS_PER_S = float(os.environ.get("NPUOPS_SIM_PREFILL_TPS", "200000"))
 SECONDS_PER_TOKEN = float(os.environ.get("NPUOPS_SIM_TPOT", "0.002"))
+# the node's hardware profile (the driver's lib64 is mounted into engine containers): the simulator's runtime
+# faults are read from it; engine_wedge is an engine whose API answers (/health 200) while no token comes out,
+# as when a collective hangs on the NPUs
+PROFILE = os.environ.get("NPUOPS_SIM_PROFILE", "/usr/local/Ascend/driver/lib64/npuops_sim/profile.json")
 BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
            40.0, 80.0, 160.0, 640.0, 2560.0)
 
@@ -28,6 +32,14 @@ class RequestError(Exception):
 def error(msg, code=400):
     return {"object": "error", "message": msg, "type": "BadRequestError" if code == 400 else "InternalServerError",
             "param": None, "code": code}
+
+
+def wedged():
+    try:
+        with open(PROFILE) as f:
+            return any(x.get("fault") == "engine_wedge" for x in json.load(f).get("faults", []))
+    except (OSError, ValueError):
+        return False
 
 
 def tokens(text):
@@ -278,6 +290,8 @@ class Engine(object):
             stats.running += 1
         t0 = time.time()
         try:
+            while wedged():
+                time.sleep(0.5)
             toks = req["prompt_tokens"]
             hits = self.cache.lookup_and_insert(toks) if self.args.enable_prefix_caching else 0
             remote = req["kv"].get("do_remote_prefill")
