@@ -34,7 +34,7 @@ all:
     npu_nodes:
       hosts:
         n1: {npuops_node_ip: 10.0.0.1, npuops_nic: eth0}
-        n2: {npuops_node_ip: 10.0.0.1, npuops_nic: eth0, npuops_preflight_strict: "false"}
+        n2: {npuops_node_ip: 10.0.0.1, npuops_nic: eth0, npuops_preflight_strict: "flase"}
         n3: {npuops_node_ip: 10.0.0.3}
 """)
     proc = run([BIN + "/ansible-playbook", "-i", str(inv), "playbooks/plan.yml", "-e", "plan_output=%s" %
@@ -42,9 +42,45 @@ all:
     assert proc.returncode != 0
     text = proc.stdout
     assert text.count("fatal:") == 1  # once, for the whole inventory
-    for expected in ("needs 4 hosts in npu_nodes, the inventory has 3",
+    for expected in ("needs 4 hosts per instance in npu_nodes, the inventory has 3",
                      "npuops_model_dir = 'models/k3' must be an absolute path",
                      "host n2: npuops_node_ip 10.0.0.1 is also the address of n1",
-                     "host n2: npuops_preflight_strict = 'false' is a string, not a boolean",
+                     "host n2: npuops_preflight_strict = 'flase' is not a boolean",
                      "host n3: npuops_nic = None must name the interface"):
         assert expected in text, expected
+
+
+def plan_of(tmp_path, inventory, *extra, check=True):
+    out = tmp_path / "plan.json"
+    proc = run([BIN + "/ansible-playbook", "-i", "inventories/" + inventory, "playbooks/plan.yml",
+                "-e", "plan_output=%s" % out] + list(extra), check=check)
+    return (json.loads(out.read_text()) if check else None), proc
+
+
+def test_a_boolean_given_as_a_string_on_the_command_line_means_what_it_says(tmp_path):
+    plan, _proc = plan_of(tmp_path, "a3-4node", "-e", "npuops_serve_privileged=false")
+    assert {h["container"]["privileged"] for h in plan["hosts"].values()} == {False}
+    plan, _proc = plan_of(tmp_path, "a3-4node", "-e", "npuops_serve_privileged=true")
+    assert {h["container"]["privileged"] for h in plan["hosts"].values()} == {True}
+    _plan, proc = plan_of(tmp_path, "a3-4node", "-e", "npuops_serve_privileged=ture", check=False)
+    assert proc.returncode != 0  # the role's argument spec refuses it before anything is planned
+    assert "argument 'npuops_serve_privileged'" in proc.stdout and "'ture' is not a valid boolean" in proc.stdout
+
+
+def test_a_typo_in_the_model_overrides_is_an_error_naming_the_known_fields(tmp_path):
+    _plan, proc = plan_of(tmp_path, "a3-4node", "-e", '{"npuops_model_overrides": {"max_num_seq": 8}}', check=False)
+    assert proc.returncode != 0
+    assert "npuops_model_overrides: 'max_num_seq' is not a preset field; the fields are " in proc.stdout
+    assert "max_num_seqs" in proc.stdout
+    plan, _proc = plan_of(tmp_path, "a3-4node", "-e", '{"npuops_model_overrides": {"max_num_seqs": "8"}}')
+    argv = plan["hosts"]["a3-node-01"]["container"]["argv"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "8"
+
+
+def test_the_plan_shows_every_field_each_container_gets(tmp_path):
+    plan, _proc = plan_of(tmp_path, "a3-8p8d")
+    for entry in plan["hosts"].values():
+        assert set(entry["container"]) == {"name", "image", "argv", "env", "devices", "mounts", "shm_size",
+                                           "privileged", "labels"}
+    proxy = plan["instances"]["main"]["proxy"]
+    assert proxy["host"] == "a3-node-01" and proxy["container"]["argv"][1].endswith("load_balance_proxy_server_example.py")

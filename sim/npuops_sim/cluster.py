@@ -369,7 +369,12 @@ class Cluster:
 
     # ----------------------------------------------------------------- inventory
     def write_inventory(self, path, specs, generation, tier=None):
-        tier = tier or {2: "2node_pp", 4: "4node_dp", 16: "8p8d_pd"}.get(len(specs))
+        docs = tier_documents()
+        if tier is None:
+            # the tier of this many nodes, when exactly one has that size
+            sized = [name for name, doc in docs.items() if int(doc["nodes"]) == len(specs)]
+            tier = sized[0] if len(sized) == 1 else None
+        doc = docs.get(tier) if tier else None
         ssh = self.ssh_dir()
         lines = [
             "# Written by `make sim-up` (npuops_sim) for the simulated cluster on this machine; not committed.",
@@ -386,17 +391,19 @@ class Cluster:
         ]
         if tier:
             lines.append("    npuops_tier: %s" % tier)
-        if tier == "8p8d_pd":
+        if doc and doc.get("proxy"):
             lines.append("    npuops_proxy_host: %s" % specs[0].name)
         lines += ["  children:", "    npu_nodes:", "      hosts:"]
         for s in specs:
             lines.append("        %s:" % s.name)
             lines += ["          ansible_host: %s" % s.mgmt_ip, "          npuops_node_ip: %s" % s.mgmt_ip,
                       "          npuops_nic: %s" % plan.MGMT_NIC, "          npuops_fabric_ip: %s" % s.fabric_ip]
-        if tier == "8p8d_pd":
-            half = len(specs) // 2
-            for group, members in (("prefill", specs[:half]), ("decode", specs[half:])):
-                lines += ["    %s:" % group, "      hosts:"] + ["        %s:" % s.name for s in members]
+        taken = 0
+        for group in (doc or {}).get("groups", []):
+            members = specs[taken:taken + int(group["nodes"])]
+            taken += int(group["nodes"])
+            if group.get("inventory_group", "npu_nodes") != "npu_nodes":
+                lines += ["    %s:" % group["inventory_group"], "      hosts:"] + ["        %s:" % s.name for s in members]
         write(path, "\n".join(lines) + "\n")
         state = self.load()
         state["inventory"] = os.path.abspath(path)
@@ -646,6 +653,18 @@ class Cluster:
         present = {link.get("ifname") for link in listed}
         # veths first: deleting one end removes its peer inside the node's namespace
         return sorted(links & present, key=lambda n: (n in (self.names.mgmt_bridge(), self.names.fabric_bridge()), n))
+
+
+def tier_documents():
+    """{name: tier document} of the collection (what the validator and the planner read)."""
+    import yaml  # the simulator runs with the controller's Python, which has PyYAML (ansible-core needs it)
+    out = {}
+    for entry in sorted(os.listdir(paths.TIERS_DIR)):
+        if entry.endswith(".yml"):
+            with open(os.path.join(paths.TIERS_DIR, entry)) as f:
+                doc = yaml.safe_load(f)
+            out[doc["name"]] = doc
+    return out
 
 
 def descendants(top):

@@ -10,6 +10,10 @@ MODELS_IN_NODE = "/srv/models"
 SIM_GROUP_VARS = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "inventories", "sim",
                                               "group_vars"))
 
+# the tier documents of the collection: the simulator writes inventories that match them
+TIERS_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "collections", "ansible_collections",
+                                         "npuops", "ascend", "data", "tiers"))
+
 # podman on these machines: runc, no default ulimits (setting them fails in this sandbox), cgroupfs.
 CONTAINERS_CONF = """[containers]
 default_ulimits = []

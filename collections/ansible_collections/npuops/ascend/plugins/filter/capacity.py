@@ -95,19 +95,19 @@ def plan(preset, tp, pp=1, dp=1, expert_parallel=False, hbm_total_mb=65536, over
     return out
 
 
-def capacity_plan(preset, instance, hbm_total_mb=65536, overrides=None, contexts=None):
+def capacity_plan(preset, group, hbm_total_mb=65536, overrides=None, contexts=None):
     try:
-        return plan(preset, instance.get("tp", 1), instance.get("pp", 1), instance.get("dp", 1),
-                    bool(instance.get("expert_parallel", False)), hbm_total_mb, overrides, contexts)
+        return plan(preset, group.get("tp", 1), group.get("pp", 1), group.get("dp", 1),
+                    bool(group.get("expert_parallel", False)), hbm_total_mb, overrides, contexts)
     except (KeyError, ValueError, TypeError) as e:
         raise AnsibleFilterError("capacity_plan: the model preset lacks or mistypes a field: %s" % e)
 
 
-def capacity_by_instance(instances, preset, hbm_total_mb=65536, contexts=None):
-    """{instance name: capacity_plan} for every engine instance of a tier."""
-    return dict((i["name"], capacity_plan(preset, i, hbm_total_mb, contexts=contexts)) for i in instances)
+def capacity_by_group(groups, preset, hbm_total_mb=65536, contexts=None):
+    """{group name: capacity_plan} for every engine group of a tier (the same in every instance)."""
+    return dict((g["name"], capacity_plan(preset, g, hbm_total_mb, contexts=contexts)) for g in groups)
 
 
 class FilterModule(object):
     def filters(self):
-        return {"capacity_plan": capacity_plan, "capacity_by_instance": capacity_by_instance}
+        return {"capacity_plan": capacity_plan, "capacity_by_group": capacity_by_group}

@@ -3,8 +3,9 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """validate_inventory: everything wrong with the inventory, before any node is touched.
 
-Kubespray's validate_inventory, as one pure function: it returns every problem at once, each naming
-the host (when it is per host), the variable, the value it has and what to do.
+Kubespray's validate_inventory as one pure function, and the only place the inventory is checked: it returns
+every problem at once, each naming the host (when it is per host), the variable, the value it has and what to
+do. The tier documents come from the collection (``data/tiers``); the planner trusts what this accepts.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -12,10 +13,20 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import ipaddress
+import re
 
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.npuops.ascend.plugins.filter import topology
+from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
+from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 ENGINES = ("docker", "podman", "isula")
+INSTANCE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+# the same on every node of the whole inventory, and the same within each instance
+CLUSTER_WIDE = ("npuops_tier", "npuops_model", "npuops_model_dir", "npuops_container_engine")
+PER_INSTANCE = ("npuops_image",)
 
 
 def _ipv4(value):
@@ -25,45 +36,178 @@ def _ipv4(value):
         return False
 
 
-def validate(groups, hostvars, known_tiers, presets, booleans=(), tier_groups=None):
-    """-> list of problem strings (empty when the inventory is fine).
+def _differs(hosts, hostvars, name, where):
+    seen = {}
+    for h in hosts:
+        seen.setdefault(repr(hostvar(hostvars, h, name)), []).append(h)
+    if len(seen) < 2:
+        return []
+    return ["%s differs between hosts%s (%s); it must be the same on every node%s" % (
+        name, where, "; ".join("%s on %s" % (v, ", ".join(hs)) for v, hs in sorted(seen.items())),
+        where or " of the cluster")]
 
-    `known_tiers`: {tier: node count}; `tier_groups`: {tier: {group: node count}} for tiers that need
-    more groups than npu_nodes (8p8d_pd: prefill and decode).
-    """
+
+def override_problems(preset, overrides):
+    """What is wrong with npuops_model_overrides against the preset: unknown keys, values of the wrong type."""
+    problems = []
+    if not isinstance(overrides, dict):
+        return ["npuops_model_overrides = %r must be a mapping, e.g. {max_model_len: 65536}" % (overrides,)]
+    for key, value in sorted(overrides.items()):
+        if key not in preset:
+            problems.append("npuops_model_overrides: %r is not a preset field; the fields are %s"
+                            % (key, ", ".join(sorted(preset))))
+            continue
+        try:
+            convert_override(preset[key], value)
+        except ValueError as e:
+            problems.append("npuops_model_overrides: %s = %r: %s (the preset has %r)" % (key, value, e, preset[key]))
+    return problems
+
+
+def convert_override(current, value):
+    """`value` in the type of the preset's `current` value (the string "8" for an int field is 8)."""
+    if value is None or current is None or isinstance(current, (dict, list)):
+        return value
+    if isinstance(current, bool):
+        return values.to_bool(value)
+    if isinstance(current, int):
+        return values.to_number(value, int)
+    if isinstance(current, float):
+        return values.to_number(value, float)
+    return str(value)
+
+
+def model_spec(presets, model, overrides=None):
+    """The preset with the inventory's overrides, typed; the validator has refused anything else."""
+    preset = dict(presets[model])
+    for key, value in (overrides or {}).items():
+        if key not in preset:
+            raise AnsibleFilterError("model_spec: %s" % override_problems(preset, {key: value})[0])
+        preset[key] = convert_override(preset[key], value)
+    return preset
+
+
+def _instance_problems(tier, name, members, groups, hostvars):
+    problems = []
+    if name != topology.DEFAULT_INSTANCE and not INSTANCE_NAME.match(name):
+        problems.append("npuops_instance = %r (hosts %s) must be a short lowercase name, e.g. a or b"
+                        % (name, ", ".join(members)))
+    where = " of instance %s" % name if name != topology.DEFAULT_INSTANCE else ""
+    label = "instance %s" % name if where else "the inventory"
+    if len(members) != int(tier["nodes"]):
+        problems.append("npuops_tier %s needs %d hosts per instance in npu_nodes, %s has %d (%s)"
+                        % (tier["name"], tier["nodes"], label, len(members), ", ".join(members)))
+    owner = {}
+    for g in tier["groups"]:
+        inventory_group = g.get("inventory_group", "npu_nodes")
+        ghosts = topology.group_hosts(g, groups, members)
+        if len(ghosts) != int(g["nodes"]) and len(members) == int(tier["nodes"]):
+            problems.append("npuops_tier %s needs %d hosts in group %s%s, %s has %d (%s)" % (
+                tier["name"], g["nodes"], inventory_group, where, label, len(ghosts), ", ".join(ghosts) or "none"))
+        for h in ghosts:
+            if h in owner:
+                problems.append("host %s is in groups %s and %s; a node serves one side"
+                                % (h, owner[h], inventory_group))
+            owner[h] = inventory_group
+    for kind in PER_INSTANCE:
+        problems.extend(_differs(members, hostvars, kind, where))
+    first = members[0]
+    for port_name in sorted(tier.get("ports") or {}):
+        var = topology.port_variable(port_name)
+        p = values.number_problem(first, var, hostvar(hostvars, first, var, tier["ports"][port_name]), 1, 65535)
+        if p:
+            problems.append(p)
+    for g in tier["groups"]:
+        if not g.get("kv_role"):
+            continue
+        var = topology.kv_port_variable(g)
+        value = hostvar(hostvars, first, var, g["kv_port"])
+        p = values.number_problem(first, var, value, 1, 65535)
+        if p:
+            problems.append(p)
+        elif tier.get("generation") == "A3" and int(value) < topology.MIN_KV_PORT_A3:
+            problems.append("%s = %s%s is inside AscendDirect's random port range on A3 nodes; use %d or higher "
+                            "(intermittent 'Address already in use' otherwise)"
+                            % (var, value, where, topology.MIN_KV_PORT_A3))
+    if tier.get("proxy"):
+        proxy = hostvar(hostvars, first, "npuops_proxy_host")
+        if proxy not in hostvars:
+            problems.append("npuops_proxy_host = %r%s is not a host of the inventory; name the host that runs the PD "
+                            "proxy (the front door)" % (proxy, where))
+        var_problem = values.number_problem(first, "npuops_proxy_port", hostvar(
+            hostvars, first, "npuops_proxy_port", tier["proxy"].get("port", 8080)), 1, 65535)
+        if var_problem:
+            problems.append(var_problem)
+    return problems
+
+
+def validate(groups, hostvars, presets, booleans=(), numbers=(), tiers=None):
+    """-> list of problem strings (empty when the inventory is fine)."""
+    tiers = catalog.tiers() if tiers is None else tiers
     problems = []
     nodes = list(groups.get("npu_nodes", []))
     if not nodes:
         return ["the inventory has no hosts in group npu_nodes; put every NPU server in npu_nodes"]
     first = nodes[0]
-    tier = hostvar(hostvars, first, "npuops_tier")
-    if tier not in known_tiers:
-        problems.append("npuops_tier = %r is not a tier; set it to one of %s" % (tier, ", ".join(sorted(known_tiers))))
-    elif len(nodes) != int(known_tiers[tier]):
-        problems.append("npuops_tier %s needs %d hosts in npu_nodes, the inventory has %d (%s)"
-                        % (tier, known_tiers[tier], len(nodes), ", ".join(nodes)))
-    for name in ("npuops_tier", "npuops_model", "npuops_model_dir", "npuops_image", "npuops_container_engine"):
-        values = {}
-        for h in nodes:
-            values.setdefault(repr(hostvar(hostvars, h, name)), []).append(h)
-        if len(values) > 1:
-            problems.append("%s differs between hosts (%s); it must be the same on every node of the cluster"
-                            % (name, "; ".join("%s on %s" % (v, ", ".join(hs)) for v, hs in sorted(values.items()))))
+    for name in CLUSTER_WIDE:
+        problems.extend(_differs(nodes, hostvars, name, ""))
+    tier_name = hostvar(hostvars, first, "npuops_tier")
+    tier = tiers.get(tier_name)
+    if tier is None:
+        problems.append("npuops_tier = %r is not a tier; set it to one of %s" % (tier_name, ", ".join(sorted(tiers))))
+    else:
+        problems.extend(topology.tier_problems(tier))
     model = hostvar(hostvars, first, "npuops_model")
     if model not in presets:
-        problems.append("npuops_model = %r is not a model preset; use one of %s (or add a preset)"
-                        % (model, ", ".join(sorted(presets))))
+        problems.append("npuops_model = %r is not a model preset; use one of %s (or add a preset to "
+                        "npuops_model_presets)" % (model, ", ".join(sorted(presets))))
+    else:
+        problems.extend(override_problems(presets[model], hostvar(hostvars, first, "npuops_model_overrides", {})))
     model_dir = hostvar(hostvars, first, "npuops_model_dir")
     if not isinstance(model_dir, str) or not model_dir.startswith("/"):
         problems.append("npuops_model_dir = %r must be an absolute path on the nodes, e.g. /data/models/Kimi-K3-W4A8"
                         % (model_dir,))
-    image = hostvar(hostvars, first, "npuops_image")
-    if not isinstance(image, str) or not image.strip() or " " in image:
-        problems.append("npuops_image = %r must be an image reference, e.g. quay.io/ascend/vllm-ascend:v0.23.0-a3"
-                        % (image,))
+    for h in nodes:
+        image = hostvar(hostvars, h, "npuops_image")
+        if not isinstance(image, str) or not image.strip() or " " in image:
+            problems.append("host %s: npuops_image = %r must be an image reference, e.g. "
+                            "quay.io/ascend/vllm-ascend:v0.23.0-a3" % (h, image))
+            break
     engine = hostvar(hostvars, first, "npuops_container_engine")
     if engine is not None and engine not in ENGINES:
         problems.append("npuops_container_engine = %r must be one of %s" % (engine, ", ".join(ENGINES)))
+
+    named = [h for h in nodes if hostvar(hostvars, h, "npuops_instance") is not None]
+    if named and len(named) != len(nodes):
+        problems.append("npuops_instance is set on %s but not on %s; give every host of npu_nodes its instance (or "
+                        "none: one instance)" % (", ".join(named), ", ".join(h for h in nodes if h not in named)))
+    elif tier is not None and not topology.tier_problems(tier):
+        instances = topology.instances_of(groups, hostvars)
+        for name, members in instances.items():
+            problems.extend(_instance_problems(tier, name, members, groups, hostvars))
+        if tier.get("proxy"):
+            owners = {}
+            for name, members in instances.items():
+                owners.setdefault(hostvar(hostvars, members[0], "npuops_proxy_host"), []).append(name)
+            for proxy, names in sorted(owners.items(), key=lambda kv: str(kv[0])):
+                if proxy is not None and len(names) > 1:
+                    problems.append("instances %s all name npuops_proxy_host %s; each instance needs its own proxy "
+                                    "host" % (", ".join(names), proxy))
+        for g in tier["groups"]:
+            stray = [m for m in groups.get(g.get("inventory_group", "npu_nodes"), []) if m not in nodes]
+            if stray:
+                problems.append("group %s has hosts that are not in npu_nodes: %s" % (g["inventory_group"],
+                                                                                       ", ".join(stray)))
+
+    if not problems and tier is not None and tier.get("proxy"):
+        # the plan is sound now: does a proxy sit on one of its own engine's ports?
+        plan = topology.plan(groups, hostvars, tier)
+        for name, inst in sorted(plan["instances"].items()):
+            proxy = inst["proxy"]
+            engine = plan["hosts"].get(proxy["host"])
+            if engine and proxy["port"] in engine["engine_ports"]:
+                problems.append("npuops_proxy_port %d (instance %s) collides with the engine's own ports on %s; "
+                                "pick another" % (proxy["port"], name, proxy["host"]))
 
     seen_ip, seen_fabric = {}, {}
     for h in nodes:
@@ -86,43 +230,43 @@ def validate(groups, hostvars, known_tiers, presets, booleans=(), tier_groups=No
                 problems.append("host %s: npuops_fabric_ip = %r is not an IPv4 address; set it to the node's address "
                                 "on the fast network, or leave it unset to use npuops_node_ip" % (h, fabric))
             elif fabric in seen_fabric:
-                problems.append("host %s: npuops_fabric_ip %s is also the address of %s" % (h, fabric, seen_fabric[fabric]))
+                problems.append("host %s: npuops_fabric_ip %s is also the address of %s" % (h, fabric,
+                                                                                           seen_fabric[fabric]))
             else:
                 seen_fabric[fabric] = h
         for name in booleans:
             value = hostvar(hostvars, h, name)
-            if value is not None and not isinstance(value, bool):
-                kind = "string" if isinstance(value, str) else "number" if isinstance(value, (int, float)) else \
-                    type(value).__name__
-                problems.append("host %s: %s = %r is a %s, not a boolean; write true/false in YAML, or pass JSON on "
-                                "the command line: -e '{\"%s\": false}' (-e %s=false is a string)"
-                                % (h, name, str(value) if isinstance(value, str) else value, kind, name, name))
-    for group, count in sorted(((tier_groups or {}).get(tier) or {}).items()):
-        members = list(groups.get(group, []))
-        if len(members) != int(count):
-            problems.append("npuops_tier %s needs %d hosts in group %s, the inventory has %d (%s)"
-                            % (tier, count, group, len(members), ", ".join(members) or "none"))
-        stray = [m for m in members if m not in nodes]
-        if stray:
-            problems.append("group %s has hosts that are not in npu_nodes: %s" % (group, ", ".join(stray)))
-    if tier_groups and tier in tier_groups:
-        sides = [set(groups.get(g, [])) for g in tier_groups[tier]]
-        for i, a in enumerate(sides):
-            for b in sides[i + 1:]:
-                if a & b:
-                    problems.append("hosts %s are in more than one of the groups %s; a node serves one side"
-                                    % (", ".join(sorted(a & b)), ", ".join(sorted(tier_groups[tier]))))
-        proxy = hostvar(hostvars, first, "npuops_proxy_host")
-        if proxy not in nodes and proxy not in hostvars:
-            problems.append("npuops_proxy_host = %r is not a host of the inventory; name the host that runs the PD "
-                            "proxy (the front door)" % (proxy,))
+            p = values.bool_problem(h, name, value) if value is not None else None
+            if p:
+                problems.append(p)
+        for name in numbers:
+            value = hostvar(hostvars, h, name)
+            p = values.number_problem(h, name, value, 0) if value is not None else None
+            if p:
+                problems.append(p)
+        overrides = hostvar(hostvars, h, "npuops_vllm_overrides", {})
+        if not isinstance(overrides, dict):
+            problems.append("host %s: npuops_vllm_overrides = %r must be a mapping of vllm serve options" % (h, overrides))
+        else:
+            for key in sorted(overrides):
+                if key not in vllm_cli.FLAGS:
+                    problems.append("host %s: npuops_vllm_overrides: unknown vllm serve option %r%s"
+                                    % (h, key, vllm_cli.closest(key)))
     return problems
 
 
-def validate_inventory(groups, hostvars, known_tiers, presets, booleans=(), tier_groups=None):
-    return validate(groups, hostvars, known_tiers, presets, booleans, tier_groups)
+def validate_inventory(groups, hostvars, presets, booleans=(), numbers=()):
+    return validate(groups, hostvars, presets, booleans, numbers)
+
+
+def tier_document(name):
+    """The tier document ``data/tiers/<name>.yml`` of the collection."""
+    tiers = catalog.tiers()
+    if name not in tiers:
+        raise AnsibleFilterError("tier_document: %r is not a tier; the tiers are %s" % (name, ", ".join(sorted(tiers))))
+    return tiers[name]
 
 
 class FilterModule(object):
     def filters(self):
-        return {"validate_inventory": validate_inventory}
+        return {"validate_inventory": validate_inventory, "tier_document": tier_document, "model_spec": model_spec}

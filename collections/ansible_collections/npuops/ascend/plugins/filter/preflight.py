@@ -230,8 +230,9 @@ def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, 
                                 "make TLS the same on every device of every node: hccn_tool -i %s -tls -s enable %s"
                                 % (phy, usual), device=phy))
 
+    first_instance = next(iter((plan or {}).get("instances", {}).values()), {})
     for name, cap in sorted((capacity or {}).items()):
-        where = (plan or {}).get("instances", {}).get(name, {}).get("leader", "cluster")
+        where = first_instance.get("groups", {}).get(name, {}).get("leader", "cluster")
         for msg in cap.get("errors", []):
             rows.append(row(where, "capacity", msg, "the model fits with room for KV cache",
                             "use a tier with more dies, a smaller quantization, or a lower max_model_len"))

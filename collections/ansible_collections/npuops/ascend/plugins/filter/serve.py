@@ -15,7 +15,9 @@ __metaclass__ = type
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.npuops.ascend.plugins.filter.topology import DEFAULT_INSTANCE
 from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
+from ansible_collections.npuops.ascend.plugins.plugin_utils import values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 PROXY_SCRIPT = "/vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py"
@@ -40,7 +42,7 @@ MODEL_KEYS = ("served_model_name", "quantization", "tokenizer_mode", "reasoning_
               "safetensors_load_strategy")
 
 
-def engine_spec(entry, model, model_dir, tier, instance):
+def engine_spec(entry, model, model_dir, tier, group, ports):
     """The vllm serve spec of one host (before per-host overrides)."""
     spec = {"model": model_dir, "trust_remote_code": True, "enable_auto_tool_choice": True}
     for key in MODEL_KEYS:
@@ -60,7 +62,6 @@ def engine_spec(entry, model, model_dir, tier, instance):
         spec["pipeline_parallel_size"] = entry["pp"]
     if entry["serves_http"]:
         spec.update(host=entry["node_ip"], port=entry["api_port"])
-    ports = tier.get("ports", {})
     launch = entry["launch"]
     if launch == "multinode":
         spec.update(distributed_executor_backend="mp", nnodes=entry["nodes"], node_rank=entry["node_rank"],
@@ -78,26 +79,28 @@ def engine_spec(entry, model, model_dir, tier, instance):
     if entry["headless"]:
         spec["headless"] = True
     if entry.get("kv_role"):
-        sides = dict(("prefill" if i.get("kv_role") == "kv_producer" else "decode",
-                      {"dp_size": int(i["dp"]), "tp_size": int(i["tp"])}) for i in tier["instances"] if i.get("kv_role"))
+        sides = dict(("prefill" if g.get("kv_role") == "kv_producer" else "decode",
+                      {"dp_size": int(g["dp"]), "tp_size": int(g["tp"])}) for g in tier["groups"] if g.get("kv_role"))
         spec["kv_transfer_config"] = {
-            "kv_connector": instance.get("kv_connector", "MooncakeConnectorV1"),
+            "kv_connector": group.get("kv_connector", "MooncakeConnectorV1"),
             "kv_role": entry["kv_role"],
             "kv_port": str(entry["kv_port"]),
-            "engine_id": "%s-%d" % (entry["instance"], entry["dp_start_rank"]),
-            "kv_connector_extra_config": instance.get("kv_connector_extra_config") or sides,
+            # unique per engine (vLLM defaults to a uuid4 per start; a stable id keeps the spec's hash stable)
+            "engine_id": "%s%s-%d" % ("" if entry["instance"] == DEFAULT_INSTANCE else entry["instance"] + "-",
+                                      entry["group"], entry["dp_start_rank"]),
+            "kv_connector_extra_config": group.get("kv_connector_extra_config") or sides,
         }
     return spec
 
 
-def engine_env(entry, hostvars, host, tier, instance, dies):
+def engine_env(entry, hostvars, host, tier, group, dies):
     nic = hostvar(hostvars, host, "npuops_nic")
     env = dict(COMMON_ENV)
     env.update(HCCL_IF_IP=entry["node_ip"], VLLM_HOST_IP=entry["node_ip"], GLOO_SOCKET_IFNAME=nic,
                TP_SOCKET_IFNAME=nic, HCCL_SOCKET_IFNAME=nic,
                ASCEND_RT_VISIBLE_DEVICES=",".join(str(i) for i in range(dies)))
-    # later layers win: tier, instance, instance per role, then the host's own overrides
-    for layer in (tier.get("env"), instance.get("env"), (instance.get("env_by_role") or {}).get(entry["role"]),
+    # later layers win: tier, group, group per role, then the host's own overrides
+    for layer in (tier.get("env"), group.get("env"), (group.get("env_by_role") or {}).get(entry["role"]),
                   hostvar(hostvars, host, "npuops_env_overrides")):
         env.update((k, str(v)) for k, v in (layer or {}).items())
     return env
@@ -112,19 +115,27 @@ def rendezvous_peer(spec):
     return []
 
 
+def labels(entry, tier):
+    """What makes a container the service's own: preflight, status and recover read these."""
+    return {"io.npuops.tier": tier["name"], "io.npuops.instance": entry["instance"],
+            "io.npuops.group": entry.get("group") or "proxy", "io.npuops.role": entry["role"]}
+
+
 def serve_containers(plan, hostvars, tier, model, options):
-    """-> {host: {"engine": container, "proxy": container or None}}.
+    """-> {host: {"engine": container or None, "proxy": container or None}}.
 
     `options`: model_dir, image, name (engine container), proxy_name, shm_size, privileged, devices (physical
     ids, default 0..dies-1). A container: {name, image, command, env, devices, mounts, shm_size, privileged,
-    ready_url, peers, instance, role}.
+    labels, ready_url, peers, instance, group, group_key, role}.
     """
     dies = int(tier.get("dies_per_node", 16))
-    instances = dict((i["name"], i) for i in tier["instances"])
+    groups = dict((g["name"], g) for g in tier["groups"])
+    privileged = values.to_bool(options.get("privileged", False))
     out = {}
     for host, entry in sorted(plan["hosts"].items()):
-        instance = instances[entry["instance"]]
-        spec = engine_spec(entry, model, options["model_dir"], tier, instance)
+        group = groups[entry["group"]]
+        instance = plan["instances"][entry["instance"]]
+        spec = engine_spec(entry, model, options["model_dir"], tier, group, instance["ports"])
         spec.update(hostvar(hostvars, host, "npuops_vllm_overrides", {}) or {})
         try:
             argv = vllm_cli.render(spec)
@@ -136,37 +147,45 @@ def serve_containers(plan, hostvars, tier, model, options):
         peers = rendezvous_peer(spec) if entry["role"] == "worker" else []
         out[host] = {"engine": {
             "name": options.get("name", "vllm"),
-            "image": options["image"],
+            "image": hostvar(hostvars, host, "npuops_image", options["image"]),
             "command": argv,
-            "env": engine_env(entry, hostvars, host, tier, instance, dies),
+            "env": engine_env(entry, hostvars, host, tier, group, dies),
             "devices": ["/dev/davinci%d" % int(d) for d in devices] + MGMT_DEVICES,
             "mounts": ["%s:%s:ro" % (m, m) for m in HOST_MOUNTS + [options["model_dir"]]],
             "shm_size": options.get("shm_size", "16g"),
-            "privileged": bool(options.get("privileged", False)),
+            "privileged": privileged,
+            "labels": labels(entry, tier),
             "ready_url": "http://%s:%d/health" % (ready_host["node_ip"], ready_host["api_port"]),
             "peers": peers,
             "instance": entry["instance"],
+            "group": entry["group"],
+            "group_key": entry["group_key"],
             "role": entry["role"],
         }, "proxy": None}
-    proxy = plan.get("proxy")
-    if proxy:
+    for name, instance in sorted(plan["instances"].items()):
+        proxy = instance.get("proxy")
+        if not proxy:
+            continue
         argv = ["python3", PROXY_SCRIPT, "--host", proxy["address"], "--port", str(proxy["port"])]
         for side, flag in (("prefill", "prefiller"), ("decode", "decoder")):
             argv += ["--%s-hosts" % flag] + [e["address"] for e in proxy[side]]
             argv += ["--%s-ports" % flag] + [str(e["port"]) for e in proxy[side]]
+        entry = {"instance": name, "group": None, "role": "proxy"}
         out.setdefault(proxy["host"], {"engine": None, "proxy": None})["proxy"] = {
             "name": options.get("proxy_name", "vllm-pd-proxy"),
-            "image": options["image"],
+            "image": hostvar(hostvars, instance["hosts"][0], "npuops_image", options["image"]),
             "command": argv,
             "env": {"PYTHONUNBUFFERED": "1"},
             "devices": [],
             "mounts": [],
             "shm_size": None,
             "privileged": False,
-            "ready_url": "http://%s:%d%s" % (proxy["address"], proxy["port"],
-                                             tier["proxy"].get("health", "/healthcheck")),
+            "labels": labels(entry, tier),
+            "ready_url": "http://%s:%d%s" % (proxy["address"], proxy["port"], proxy["health"]),
             "peers": [],
-            "instance": "proxy",
+            "instance": name,
+            "group": None,
+            "group_key": "%s/proxy" % name,
             "role": "proxy",
         }
     return out
@@ -187,22 +206,30 @@ def serve_failures(hostvars, hosts, key):
     return out
 
 
+SHOWN = ("name", "image", "command", "env", "devices", "mounts", "shm_size", "privileged", "labels")
+
+
+def _shown(c):
+    out = dict((k, c[k]) for k in SHOWN)
+    out["argv"] = out.pop("command")
+    return out
+
+
 def plan_report(containers, plan):
-    """plan.yml's output: {host: {role, instance, rank, container}} plus the proxy and the endpoint."""
+    """plan.yml's output: per host its role, ranks and every field of the container it gets (the dry run is the
+    deployment), per instance its proxy and endpoint, and the service's endpoint."""
     hosts = {}
     for host, entry in sorted(plan["hosts"].items()):
-        c = containers[host]["engine"]
-        hosts[host] = {"role": entry["role"], "instance": entry["instance"], "rank": entry["dp_start_rank"]
-                       if entry["launch"] != "multinode" else entry["node_rank"], "headless": entry["headless"],
-                       "container": dict((k, c[k]) for k in ("name", "image", "command", "env", "devices", "mounts",
-                                                             "shm_size"))}
-        hosts[host]["container"]["argv"] = hosts[host]["container"].pop("command")
-    proxy = None
-    if plan.get("proxy"):
-        p = containers[plan["proxy"]["host"]]["proxy"]
-        proxy = {"host": plan["proxy"]["host"],
-                 "container": {"name": p["name"], "image": p["image"], "argv": p["command"], "env": p["env"]}}
-    return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "proxy": proxy}
+        hosts[host] = {"role": entry["role"], "instance": entry["instance"], "group": entry["group"],
+                       "rank": entry["dp_start_rank"] if entry["launch"] != "multinode" else entry["node_rank"],
+                       "headless": entry["headless"], "container": _shown(containers[host]["engine"])}
+    instances = {}
+    for name, inst in sorted(plan["instances"].items()):
+        proxy = None
+        if inst.get("proxy"):
+            proxy = {"host": inst["proxy"]["host"], "container": _shown(containers[inst["proxy"]["host"]]["proxy"])}
+        instances[name] = {"hosts": inst["hosts"], "endpoint": inst["endpoint"], "proxy": proxy}
+    return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "instances": instances}
 
 
 def serve_order(containers, plan):

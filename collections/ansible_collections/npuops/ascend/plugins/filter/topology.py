@@ -3,11 +3,20 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """plan_topology: inventory + tier document -> what every host is in the deployment.
 
-One planner for all tiers. A tier document (the tier roles' ``npuops_tier_spec``) lists engine
-*instances*: a group of nodes that together run one vLLM engine (multi-node TP/PP with ``--nnodes``,
-one DP group with headless workers, or one DP group whose ranks each serve HTTP for a PD proxy). This
-turns the inventory's groups, in inventory order, into per-host roles, ranks, leader addresses and
-ports, and checks the arithmetic first, naming the offending host or value.
+One planner for all tiers. Words used throughout:
+
+- an *instance* is one serving unit: the hosts of the inventory whose ``npuops_instance`` names it (all of
+  ``npu_nodes``, instance ``main``, when no host sets it). An inventory may hold several instances of one tier
+  (replicas behind a gateway); each is planned on its own from the same tier document.
+- an *engine group* is the nodes of an instance that together run one vLLM engine: multi-node TP/PP with
+  ``--nnodes``, one DP group with headless workers, or one DP group whose ranks each serve HTTP for a PD proxy.
+  The tier document lists them (``groups``); a group's hosts are the instance's hosts that are in the group's
+  ``inventory_group``, in inventory order, the first being the leader. Its key is ``<instance>/<group>``; the
+  engines of one group restart together.
+
+The planner expects an inventory the validator (filter ``validate_inventory``) found no problem with: every
+inventory check is made there, once, collecting every problem. The checks of the tier document's arithmetic live
+here (``tier_problems``) and are also run by the validator.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -18,12 +27,135 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
-HCCL_HOST_PORTS = 16  # HCCL_IF_BASE_PORT .. +15: one host listen port per device on A3
-MIN_KV_PORT_A3 = 36000  # AscendDirect picks random ports in [20000, 20000 + npus*1000) (ascend-facts §4.4)
+DEFAULT_INSTANCE = "main"
+HCCL_HOST_PORTS = 16  # HCCL_IF_BASE_PORT .. +15: one host listen port per device on A3 (CANN HCCL docs)
+# AscendDirectTransport picks random ports in [20000, 20000 + NPUs x 1000): kv ports below this collide on
+# 16-NPU nodes (vllm-ascend pd_disaggregation_mooncake_multi_node.md, "kv_port")
+MIN_KV_PORT_A3 = 36000
+LAUNCHES = ("multinode", "dp_internal", "dp_external")
 
 
 class PlanError(Exception):
     pass
+
+
+# ------------------------------------------------------------------------------------------ the tier document
+
+def group_problems(group, tier):
+    """The arithmetic of one engine group of a tier document: a list of problems (empty when it is sound)."""
+    name = group.get("name")
+    dies = int(tier.get("dies_per_node", 16))
+    tp, pp, dp = int(group.get("tp", 1)), int(group.get("pp", 1)), int(group.get("dp", 1))
+    nodes = int(group.get("nodes", 0))
+    launch = group.get("launch")
+    if launch not in LAUNCHES:
+        return ["group %s: launch %r is not one of %s" % (name, launch, ", ".join(LAUNCHES))]
+    out = []
+    if tp * pp * dp != nodes * dies:
+        out.append("group %s: TP x PP x DP = %d x %d x %d = %d, but %d nodes x %d dies = %d; the parallel sizes must "
+                   "use every die exactly once" % (name, tp, pp, dp, tp * pp * dp, nodes, dies, nodes * dies))
+    if pp > 1 and dp > 1:
+        # vllm-ascend pipeline_parallel.md, Limitations: MoeDistributeDispatch does not support the combination
+        out.append("group %s: PP=%d together with DP=%d across nodes is not supported for MoE over RoCE "
+                   "(MoeDistributeDispatch); keep DP=1 with PP, or PP=1 with DP" % (name, pp, dp))
+    if launch == "multinode" and dp != 1:
+        out.append("group %s: the multinode launch (--nnodes) keeps DP=1; use dp_internal for DP" % name)
+    if launch in ("dp_internal", "dp_external"):
+        local = int(group.get("dp_local", 1))
+        if local * nodes != dp:
+            out.append("group %s: dp_local %d x %d nodes != DP %d; every node must host the same number of DP ranks"
+                       % (name, local, nodes, dp))
+        if local * tp > dies:
+            out.append("group %s: dp_local %d x TP %d = %d dies > %d per node" % (name, local, tp, local * tp, dies))
+    if group.get("kv_role") == "kv_consumer" and pp != 1:
+        out.append("group %s: decode (kv_consumer) needs PP=1 with MooncakeConnectorV1, got PP=%d" % (name, pp))
+    return out
+
+
+def pd_problems(tier):
+    groups = tier.get("groups") or []
+    prefill = [g for g in groups if g.get("kv_role") == "kv_producer"]
+    decode = [g for g in groups if g.get("kv_role") == "kv_consumer"]
+    if not prefill and not decode:
+        return []
+    if len(prefill) != 1 or len(decode) != 1:
+        return ["a PD tier needs exactly one kv_producer and one kv_consumer group, got %d and %d"
+                % (len(prefill), len(decode))]
+    p, d = prefill[0], decode[0]
+    out = []
+    if int(p["tp"]) < int(d["tp"]) or int(p["tp"]) % int(d["tp"]) != 0:
+        out.append("prefill TP %s must be a multiple of decode TP %s (MooncakeConnector)" % (p["tp"], d["tp"]))
+    extra_p, extra_d = p.get("kv_connector_extra_config"), d.get("kv_connector_extra_config")
+    if extra_p is not None and extra_d is not None and extra_p != extra_d:
+        out.append("kv_connector_extra_config differs between prefill (%r) and decode (%r); it must be identical on "
+                   "both sides" % (extra_p, extra_d))
+    if not tier.get("proxy"):
+        out.append("a PD tier needs a proxy (the front door that sends each request to prefill, then decode)")
+    return out
+
+
+def tier_problems(tier):
+    """Everything wrong with a tier document itself, prefixed with its name."""
+    groups = tier.get("groups") or []
+    if not groups:
+        return ["tier %s lists no engine groups" % tier.get("name")]
+    out = []
+    for g in groups:
+        out.extend(group_problems(g, tier))
+    out.extend(pd_problems(tier))
+    if sum(int(g.get("nodes", 0)) for g in groups) != int(tier.get("nodes", 0)):
+        out.append("the groups' nodes add up to %d, the tier has %s" % (sum(int(g.get("nodes", 0)) for g in groups),
+                                                                        tier.get("nodes")))
+    return ["tier %s: %s" % (tier.get("name"), p) for p in out]
+
+
+# ------------------------------------------------------------------------------------------ the inventory side
+
+def instances_of(groups, hostvars):
+    """{instance name: [hosts]} in inventory order: hosts of npu_nodes grouped by npuops_instance."""
+    out = {}
+    for h in groups.get("npu_nodes", []):
+        out.setdefault(str(hostvar(hostvars, h, "npuops_instance", DEFAULT_INSTANCE)), []).append(h)
+    return out
+
+
+def group_hosts(group, groups, instance_hosts):
+    """The hosts of one engine group inside an instance, in inventory order."""
+    wanted = set(groups.get(group.get("inventory_group", "npu_nodes"), []))
+    return [h for h in instance_hosts if h in wanted]
+
+
+def port_variable(name):
+    return "npuops_%s_port" % name
+
+
+def kv_port_variable(group):
+    return "npuops_%s_kv_port" % group["name"]
+
+
+def instance_ports(tier, hostvars, first):
+    """The tier's ports with the inventory's overrides (read from the instance's first host)."""
+    return dict((name, int(hostvar(hostvars, first, port_variable(name), default)))
+                for name, default in (tier.get("ports") or {}).items())
+
+
+def group_kv_port(group, hostvars, first):
+    return int(hostvar(hostvars, first, kv_port_variable(group), group["kv_port"]))
+
+
+def proxy_port(tier, hostvars, first):
+    return int(hostvar(hostvars, first, "npuops_proxy_port", tier["proxy"].get("port", 8080)))
+
+
+def kv_port_range(group, kv_port, dp_rank, dies):
+    """Ports MooncakeConnector uses on a node: the side channel kv_port + dp_rank*tp*pp, plus one per device
+    (vllm_ascend/distributed/mooncake_connector.py)."""
+    base = int(kv_port) + dp_rank * int(group["tp"]) * int(group.get("pp", 1))
+    return base, base + dies - 1
+
+
+def group_key(instance, group):
+    return "%s/%s" % (instance, group)
 
 
 def _node_ip(hostvars, host):
@@ -33,183 +165,119 @@ def _node_ip(hostvars, host):
     return str(ip)
 
 
-def check_instance(inst, tier):
-    """The arithmetic of one instance; raises PlanError naming what is wrong."""
-    name = inst["name"]
-    dies = tier.get("dies_per_node", 16)
-    tp, pp, dp = int(inst.get("tp", 1)), int(inst.get("pp", 1)), int(inst.get("dp", 1))
-    nodes = int(inst["nodes"])
-    launch = inst["launch"]
-    if launch not in ("multinode", "dp_internal", "dp_external"):
-        raise PlanError("instance %s: launch %r is not one of multinode, dp_internal, dp_external" % (name, launch))
-    if tp * pp * dp != nodes * dies:
-        raise PlanError("instance %s: TP x PP x DP = %d x %d x %d = %d, but %d nodes x %d dies = %d; the parallel "
-                        "sizes must use every die exactly once" % (name, tp, pp, dp, tp * pp * dp, nodes, dies,
-                                                                   nodes * dies))
-    if pp > 1 and dp > 1:
-        raise PlanError("instance %s: PP=%d together with DP=%d across nodes is not supported for MoE over RoCE "
-                        "(MoeDistributeDispatch); keep DP=1 with PP, or PP=1 with DP" % (name, pp, dp))
-    if launch == "multinode" and dp != 1:
-        raise PlanError("instance %s: the multinode launch (--nnodes) keeps DP=1; use dp_internal for DP" % name)
-    if launch in ("dp_internal", "dp_external"):
-        local = int(inst.get("dp_local", 1))
-        if local * nodes != dp:
-            raise PlanError("instance %s: dp_local %d x %d nodes != DP %d; every node must host the same number "
-                            "of DP ranks" % (name, local, nodes, dp))
-        if local * tp > dies:
-            raise PlanError("instance %s: dp_local %d x TP %d = %d dies > %d per node"
-                            % (name, local, tp, local * tp, dies))
-    if inst.get("kv_role"):
-        if pp != 1 and inst["kv_role"] == "kv_consumer":
-            raise PlanError("instance %s: decode (kv_consumer) needs PP=1 with MooncakeConnectorV1, got PP=%d"
-                            % (name, pp))
+def _plan_group(group, members, instance, tier, ports, hostvars, hosts, dies):
+    leader = members[0]
+    leader_ip = _node_ip(hostvars, leader)
+    local = int(group.get("dp_local", 1))
+    kv_port = group_kv_port(group, hostvars, members[0]) if group.get("kv_role") else None
+    launch = group["launch"]
+    if launch == "multinode":
+        rendezvous = [ports.get("master", 29500)]
+    elif int(group.get("dp", 1)) > 1:
+        rendezvous = [ports.get("dp_rpc", 13389)]
+    else:
+        rendezvous = []
+    hccl = ports.get("hccl_host_base", 60000)
+    for rank, host in enumerate(members):
+        if host in hosts:
+            raise PlanError("host %s is in groups %s and %s; a node serves one engine group"
+                            % (host, hosts[host]["group_key"], group_key(instance, group["name"])))
+        serves_http = launch == "dp_external" or rank == 0
+        role = "leader" if rank == 0 else "worker"
+        entry = {
+            "instance": instance,
+            "group": group["name"],
+            "group_key": group_key(instance, group["name"]),
+            "role": role,
+            "launch": launch,
+            "node_rank": rank,
+            "nodes": len(members),
+            "tp": int(group["tp"]), "pp": int(group.get("pp", 1)), "dp": int(group.get("dp", 1)),
+            "dp_local": local,
+            "dp_start_rank": rank * local,
+            "expert_parallel": bool(group.get("expert_parallel", False)),
+            "leader": leader,
+            "leader_address": leader_ip,
+            "node_ip": _node_ip(hostvars, host),
+            "headless": not serves_http,
+            "serves_http": serves_http,
+            "api_port": ports.get("api", 8000) if serves_http else None,
+            "kv_role": group.get("kv_role"),
+            "rendezvous_ports": list(rendezvous),
+            # the preflight reach check: the leader listens on its rendezvous ports, the workers dial them
+            "listen": list(rendezvous) if role == "leader" and len(members) > 1 else [],
+            "listen_expect": (len(members) - 1) * len(rendezvous) if role == "leader" and len(members) > 1 else 0,
+            "reach": [{"host": leader, "address": leader_ip, "port": p} for p in rendezvous] if role == "worker"
+            else [],
+        }
+        free = set(range(hccl, hccl + HCCL_HOST_PORTS))
+        if serves_http:
+            free.add(entry["api_port"])
+        if role == "leader":
+            free.update(rendezvous)
+        if kv_port is not None:
+            entry["kv_port"] = kv_port
+            entry["kv_ports"] = list(kv_port_range(group, kv_port, rank * local, dies))
+            free.update(range(entry["kv_ports"][0], entry["kv_ports"][1] + 1))
+        entry["engine_ports"] = sorted(free)
+        entry["ports_free"] = sorted(free)
+        hosts[host] = entry
+    return {"key": group_key(instance, group["name"]), "hosts": list(members), "leader": leader,
+            "leader_address": leader_ip, "launch": launch, "kv_role": group.get("kv_role")}
 
 
-def check_pd(instances, tier):
-    prefill = [i for i in instances if i.get("kv_role") == "kv_producer"]
-    decode = [i for i in instances if i.get("kv_role") == "kv_consumer"]
-    if not prefill and not decode:
-        return
-    if len(prefill) != 1 or len(decode) != 1:
-        raise PlanError("a PD tier needs exactly one kv_producer and one kv_consumer instance, got %d and %d"
-                        % (len(prefill), len(decode)))
-    p, d = prefill[0], decode[0]
-    if int(p["tp"]) < int(d["tp"]) or int(p["tp"]) % int(d["tp"]) != 0:
-        raise PlanError("prefill TP %s must be a multiple of decode TP %s (MooncakeConnector)" % (p["tp"], d["tp"]))
-    if int(d.get("pp", 1)) != 1:
-        raise PlanError("decode PP must be 1, got %s" % d.get("pp"))
-    for inst in (p, d):
-        port = int(inst.get("kv_port", 0))
-        if tier.get("generation") == "A3" and port < MIN_KV_PORT_A3:
-            raise PlanError("instance %s: kv_port %d is inside AscendDirect's random port range on A3; use %d or "
-                            "higher (intermittent 'Address already in use' otherwise)" % (inst["name"], port,
-                                                                                          MIN_KV_PORT_A3))
-    extra_p, extra_d = p.get("kv_connector_extra_config"), d.get("kv_connector_extra_config")
-    if extra_p is not None and extra_d is not None and extra_p != extra_d:
-        raise PlanError("kv_connector_extra_config differs between prefill (%r) and decode (%r); it must be "
-                        "identical on both sides" % (extra_p, extra_d))
-
-
-def kv_port_range(inst, dp_rank, dies):
-    """Ports MooncakeConnector uses on a node: side channel kv_port + dp_rank*tp*pp, plus one per device."""
-    base = int(inst["kv_port"]) + dp_rank * int(inst["tp"]) * int(inst.get("pp", 1))
-    return base, base + dies - 1
+def _plan_proxy(tier, instance, plan_groups, hostvars, hosts, first):
+    proxy_host = hostvar(hostvars, first, "npuops_proxy_host")
+    if not proxy_host or proxy_host not in hostvars:
+        raise PlanError("instance %s: npuops_proxy_host %r is not a host of the inventory" % (instance, proxy_host))
+    port = proxy_port(tier, hostvars, first)
+    sides = {}
+    for g in tier["groups"]:
+        pg = plan_groups[g["name"]]
+        sides["prefill" if g.get("kv_role") == "kv_producer" else "decode"] = [
+            {"host": h, "address": hosts[h]["node_ip"], "port": hosts[h]["api_port"]}
+            for h in pg["hosts"] if hosts[h]["serves_http"]]
+    proxy = {"host": proxy_host, "address": _node_ip(hostvars, proxy_host), "port": port,
+             "health": tier["proxy"].get("health", "/healthcheck"),
+             "prefill": sides.get("prefill", []), "decode": sides.get("decode", [])}
+    if proxy_host in hosts:
+        hosts[proxy_host]["ports_free"] = sorted(set(hosts[proxy_host]["ports_free"]) | {port})
+    return proxy
 
 
 def plan(groups, hostvars, tier):
-    instances = tier.get("instances") or []
-    if not instances:
-        raise PlanError("tier %s lists no instances" % tier.get("name"))
-    ports = tier.get("ports", {})
     dies = int(tier.get("dies_per_node", 16))
-    for inst in instances:
-        check_instance(inst, tier)
-    check_pd(instances, tier)
-
     hosts = {}
-    out_instances = {}
-    for inst in instances:
-        members = list(groups.get(inst["group"], []))
-        if len(members) != int(inst["nodes"]):
-            raise PlanError("instance %s needs %s hosts in group %s, the inventory has %d (%s)"
-                            % (inst["name"], inst["nodes"], inst["group"], len(members), ", ".join(members) or "none"))
-        leader = members[0]
-        leader_ip = _node_ip(hostvars, leader)
-        local = int(inst.get("dp_local", 1))
-        for rank, host in enumerate(members):
-            if host in hosts:
-                raise PlanError("host %s is in instance %s and %s; a node serves one instance"
-                                % (host, hosts[host]["instance"], inst["name"]))
-            node_ip = _node_ip(hostvars, host)
-            launch = inst["launch"]
-            serves_http = launch == "dp_external" or rank == 0
-            entry = {
-                "instance": inst["name"],
-                "role": "leader" if rank == 0 else "worker",
-                "launch": launch,
-                "node_rank": rank,
-                "nodes": int(inst["nodes"]),
-                "tp": int(inst["tp"]), "pp": int(inst.get("pp", 1)), "dp": int(inst.get("dp", 1)),
-                "dp_local": local,
-                "dp_start_rank": rank * local,
-                "expert_parallel": bool(inst.get("expert_parallel", False)),
-                "leader": leader,
-                "leader_address": leader_ip,
-                "node_ip": node_ip,
-                "headless": not serves_http,
-                "serves_http": serves_http,
-                "api_port": int(ports.get("api", 8000)) if serves_http else None,
-                "kv_role": inst.get("kv_role"),
-            }
-            if inst.get("kv_role"):
-                entry["kv_port"] = int(inst["kv_port"])
-                entry["kv_ports"] = list(kv_port_range(inst, rank * local, dies))
-            hosts[host] = entry
-        out_instances[inst["name"]] = {"hosts": members, "leader": leader, "leader_address": leader_ip,
-                                       "launch": inst["launch"], "kv_role": inst.get("kv_role")}
-
-    # leader ports the workers connect to, and what must be free on each host
-    for host, e in hosts.items():
-        launch = e["launch"]
-        rendezvous = []
-        if launch == "multinode":
-            rendezvous = [int(ports.get("master", 29500))]
-        elif e["dp"] > 1:
-            rendezvous = [int(ports.get("dp_rpc", 13389))]
-        e["rendezvous_ports"] = rendezvous
-        e["listen"] = rendezvous if (e["role"] == "leader" and e["nodes"] > 1) else []
-        e["listen_expect"] = (e["nodes"] - 1) * len(rendezvous) if e["listen"] else 0
-        e["reach"] = [{"host": e["leader"], "address": e["leader_address"], "port": p} for p in rendezvous] \
-            if e["role"] == "worker" else []
-        hccl = int(ports.get("hccl_host_base", 60000))
-        free = set(range(hccl, hccl + HCCL_HOST_PORTS))
-        if e["serves_http"]:
-            free.add(e["api_port"])
-        if e["role"] == "leader":
-            free.update(rendezvous)
-        if e.get("kv_ports"):
-            free.update(range(e["kv_ports"][0], e["kv_ports"][1] + 1))
-        e["ports_free"] = sorted(free)
-
-    proxy = None
-    if tier.get("proxy"):
-        proxy_host = tier["proxy"].get("host")
-        if not proxy_host:
-            raise PlanError("the tier needs a proxy: set npuops_proxy_host to one of the inventory hosts")
-        if proxy_host not in hostvars:
-            raise PlanError("npuops_proxy_host %s is not a host of the inventory" % proxy_host)
-        pp_ = int(tier["proxy"].get("port", 8080))
-        by_role = {}
-        for inst in instances:
-            endpoints = [{"host": h, "address": hosts[h]["node_ip"], "port": hosts[h]["api_port"]}
-                         for h in out_instances[inst["name"]]["hosts"] if hosts[h]["serves_http"]]
-            by_role["prefill" if inst.get("kv_role") == "kv_producer" else "decode"] = endpoints
-        proxy = {"host": proxy_host, "address": _node_ip(hostvars, proxy_host), "port": pp_,
-                 "prefill": by_role.get("prefill", []), "decode": by_role.get("decode", [])}
-        if proxy_host in hosts:
-            entry = hosts[proxy_host]
-            clash = [p for p in (entry.get("api_port"),) if p == pp_]
-            if clash or (entry.get("kv_ports") and entry["kv_ports"][0] <= pp_ <= entry["kv_ports"][1]):
-                raise PlanError("proxy port %d on %s collides with the engine's ports there" % (pp_, proxy_host))
-            entry["ports_free"] = sorted(set(entry["ports_free"]) | {pp_})
-        endpoint = "http://%s:%d" % (proxy["address"], pp_)
-    # every engine that answers HTTP (their /metrics together are the service's), and the first of
-    # them: where the benchmark load is generated, next to the server
-    front = sorted((h for h, e in hosts.items() if e["serves_http"]),
-                   key=lambda h: (list(out_instances).index(hosts[h]["instance"]), hosts[h]["node_rank"]))
-    api_urls = ["http://%s:%d" % (hosts[h]["node_ip"], hosts[h]["api_port"]) for h in front]
-    if not proxy:
-        endpoint = api_urls[0]
-
-    seen = {}
-    for host, e in hosts.items():
-        ip = e["node_ip"]
-        if ip in seen:
-            raise PlanError("hosts %s and %s have the same npuops_node_ip %s; every node needs its own"
-                            % (seen[ip], host, ip))
-        seen[ip] = host
-    return {"tier": tier.get("name"), "hosts": hosts, "instances": out_instances, "proxy": proxy,
-            "endpoint": endpoint, "api_urls": api_urls, "load_host": front[0]}
+    instances = {}
+    for name, members in instances_of(groups, hostvars).items():
+        ports = instance_ports(tier, hostvars, members[0])
+        plan_groups = {}
+        for g in tier["groups"]:
+            ghosts = group_hosts(g, groups, members)
+            if len(ghosts) != int(g["nodes"]):
+                raise PlanError("instance %s: group %s needs %s hosts of %s, it has %d (%s)" % (
+                    name, g["name"], g["nodes"], g.get("inventory_group"), len(ghosts), ", ".join(ghosts) or "none"))
+            plan_groups[g["name"]] = _plan_group(g, ghosts, name, tier, ports, hostvars, hosts, dies)
+        proxy = _plan_proxy(tier, name, plan_groups, hostvars, hosts, members[0]) if tier.get("proxy") else None
+        serving = [h for g in tier["groups"] for h in plan_groups[g["name"]]["hosts"] if hosts[h]["serves_http"]]
+        api_urls = ["http://%s:%d" % (hosts[h]["node_ip"], hosts[h]["api_port"]) for h in serving]
+        endpoint = "http://%s:%d" % (proxy["address"], proxy["port"]) if proxy else api_urls[0]
+        instances[name] = {
+            "hosts": list(members),
+            "ports": ports,
+            "groups": plan_groups,
+            "leader": plan_groups[tier["groups"][0]["name"]]["leader"],
+            "proxy": proxy,
+            "endpoint": endpoint,
+            "health_path": proxy["health"] if proxy else "/health",
+            "api_urls": api_urls,
+            # where the benchmark load and the smoke checks start: the first serving engine, next to the server
+            "load_host": serving[0],
+        }
+    first = instances[next(iter(instances))]
+    return {"tier": tier.get("name"), "hosts": hosts, "instances": instances,
+            "endpoint": first["endpoint"], "health_path": first["health_path"],
+            "api_urls": [u for i in instances.values() for u in i["api_urls"]], "load_host": first["load_host"]}
 
 
 def plan_topology(groups, hostvars, tier):
@@ -217,6 +285,9 @@ def plan_topology(groups, hostvars, tier):
         return plan(groups, hostvars, tier)
     except PlanError as e:
         raise AnsibleFilterError("plan_topology: %s" % e)
+    except (KeyError, TypeError, ValueError) as e:
+        raise AnsibleFilterError("plan_topology: the inventory has problems the validator reports (run the plan "
+                                 "role, or filter validate_inventory, first): %s: %s" % (type(e).__name__, e))
 
 
 class FilterModule(object):

@@ -78,7 +78,7 @@ class VllmCliError(ValueError):
     pass
 
 
-def _closest(key):
+def closest(key):
     near = difflib.get_close_matches(key, list(FLAGS), n=3, cutoff=0.6)
     return (" (did you mean %s?)" % ", ".join(near)) if near else ""
 
@@ -91,7 +91,7 @@ def validate(spec):
         if key == "model" or value is None:
             continue
         if key not in FLAGS:
-            raise VllmCliError("unknown vllm serve option %r%s" % (key, _closest(key)))
+            raise VllmCliError("unknown vllm serve option %r%s" % (key, closest(key)))
         _flag, kind = FLAGS[key]
         ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
               "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),

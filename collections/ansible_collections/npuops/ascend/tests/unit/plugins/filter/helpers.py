@@ -17,23 +17,9 @@ def load_yaml(*parts):
         return yaml.safe_load(f)
 
 
-def tier_spec(name, **values):
-    """A tier document as the tier role defines it, with its '{{ x | default(n) }}' fields resolved."""
-    import re
-    spec = load_yaml(REPO, "roles", "tier_" + name, "vars", "main.yml")["npuops_tier_spec"]
-
-    def resolve(v):
-        if isinstance(v, dict):
-            return dict((k, resolve(x)) for k, x in v.items())
-        if isinstance(v, list):
-            return [resolve(x) for x in v]
-        if isinstance(v, str) and v.startswith("{{"):
-            var, default = re.match(r"\{\{ (\w+) \| default\(([^)]*)\) \}\}", v).groups()
-            if var in values:
-                return values[var]
-            return yaml.safe_load(default) if default != "''" else ""
-        return v
-    return resolve(spec)
+def tier_spec(name):
+    """A tier document of the collection (data/tiers), as the validator and the planner read it."""
+    return load_yaml(COLLECTION, "data", "tiers", name + ".yml")
 
 
 def presets():

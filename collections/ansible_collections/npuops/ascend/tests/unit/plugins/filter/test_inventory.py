@@ -3,11 +3,14 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import pytest
+from ansible.errors import AnsibleFilterError
+
 from ansible_collections.npuops.ascend.plugins.filter import inventory as inv
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory
 
-TIERS = {"2node_pp": 2, "4node_dp": 4, "8p8d_pd": 16}
-GROUPS = {"8p8d_pd": {"prefill": 8, "decode": 8}}
+BOOLEANS = ["npuops_preflight_strict", "npuops_serve_privileged"]
+NUMBERS = ["npuops_serve_ready_timeout"]
 
 
 def good(n=4, tier="4node_dp"):
@@ -18,27 +21,55 @@ def good(n=4, tier="4node_dp"):
     return groups, hv
 
 
+def good_pd(n=16):
+    groups, hv = good(n, "8p8d_pd")
+    groups["prefill"], groups["decode"] = groups["npu_nodes"][:8], groups["npu_nodes"][8:16]
+    for h in hv:
+        hv[h]["npuops_proxy_host"] = "node01"
+    return groups, hv
+
+
+def two_instances(n_per=4, tier="4node_dp"):
+    groups, hv = good(2 * n_per, tier)
+    for i, h in enumerate(groups["npu_nodes"]):
+        hv[h]["npuops_instance"] = "a" if i < n_per else "b"
+    return groups, hv
+
+
 def check(groups, hv, presets):
-    return inv.validate_inventory(groups, hv, TIERS, presets, ["npuops_preflight_strict"], GROUPS)
+    return inv.validate_inventory(groups, hv, presets, BOOLEANS, NUMBERS)
 
 
 def test_a_good_inventory_has_no_problems(presets):
     assert check(*good(), presets=presets) == []
+    assert check(*good_pd(), presets=presets) == []
+    assert check(*two_instances(), presets=presets) == []
 
 
 def test_every_problem_is_reported_at_once_with_host_value_and_fix(presets):
     groups, hv = good()
     hv["node02"]["npuops_node_ip"] = "10.0.0.11"
     hv["node03"]["npuops_nic"] = None
-    hv["node04"]["npuops_preflight_strict"] = "false"
+    hv["node04"]["npuops_preflight_strict"] = "flase"
     hv["node01"]["npuops_fabric_ip"] = "fast"
     problems = check(groups, hv, presets)
-    assert len(problems) == 4
+    assert len(problems) == 4, problems
+    assert "host node01: npuops_fabric_ip = 'fast' is not an IPv4 address" in problems[0]
     assert "host node02: npuops_node_ip 10.0.0.11 is also the address of node01" in problems[1]
     assert "host node03: npuops_nic = None must name the interface" in problems[2]
-    assert "host node04: npuops_preflight_strict = 'false' is a string, not a boolean" in problems[3]
+    assert "host node04: npuops_preflight_strict = 'flase' is not a boolean" in problems[3]
     assert "-e '{\"npuops_preflight_strict\": false}'" in problems[3]
-    assert "host node01: npuops_fabric_ip = 'fast' is not an IPv4 address" in problems[0]
+
+
+def test_the_strings_that_mean_true_or_false_are_accepted_others_are_not(presets):
+    groups, hv = good()
+    hv["node01"].update(npuops_serve_privileged="false", npuops_preflight_strict="True", npuops_serve_ready_timeout="60")
+    assert check(groups, hv, presets) == []
+    hv["node02"].update(npuops_serve_privileged="nope", npuops_serve_ready_timeout="1h")
+    problems = check(groups, hv, presets)
+    assert problems == ["host node02: npuops_serve_privileged = 'nope' is not a boolean; write true or false (in "
+                        "YAML, or JSON on the command line: -e '{\"npuops_serve_privileged\": false}')",
+                        "host node02: npuops_serve_ready_timeout = '1h' is not an integer"]
 
 
 def test_wrong_tier_model_count_and_paths(presets):
@@ -46,30 +77,106 @@ def test_wrong_tier_model_count_and_paths(presets):
     for h in hv:
         hv[h].update(npuops_model="kimi", npuops_model_dir="models", npuops_image="")
     problems = check(groups, hv, presets)
-    assert any("needs 4 hosts in npu_nodes, the inventory has 3" in p for p in problems)
+    assert any("needs 4 hosts per instance in npu_nodes, the inventory has 3" in p for p in problems), problems
     assert any("npuops_model = 'kimi' is not a model preset" in p for p in problems)
     assert any("npuops_model_dir = 'models' must be an absolute path" in p for p in problems)
     assert any("npuops_image = '' must be an image reference" in p for p in problems)
     groups, hv = good()
     for h in hv:
         hv[h]["npuops_tier"] = "3node"
-    assert "npuops_tier = '3node' is not a tier" in check(groups, hv, presets)[0]
+    assert "npuops_tier = '3node' is not a tier; set it to one of 2node_pp, 4node_dp, 8p8d_pd" in \
+        check(groups, hv, presets)[0]
 
 
 def test_a_setting_that_differs_between_nodes(presets):
     groups, hv = good()
     hv["node04"]["npuops_image"] = "quay.io/ascend/vllm-ascend:v0.22.0-a3"
     assert any("npuops_image differs between hosts" in p for p in check(groups, hv, presets))
+    groups, hv = good()
+    hv["node04"]["npuops_model_dir"] = "/other"
+    assert any("npuops_model_dir differs between hosts" in p for p in check(groups, hv, presets))
 
 
 def test_8p8d_groups_and_proxy(presets):
-    groups, hv = good(16, "8p8d_pd")
-    groups["prefill"], groups["decode"] = groups["npu_nodes"][:8], groups["npu_nodes"][7:14]
+    groups, hv = good_pd()
+    groups["decode"] = groups["npu_nodes"][7:14]
+    for h in hv:
+        hv[h].pop("npuops_proxy_host")
     problems = check(groups, hv, presets)
-    assert any("needs 8 hosts in group decode, the inventory has 7" in p for p in problems)
-    assert any("hosts node08 are in more than one of the groups" in p for p in problems)
-    assert any("npuops_proxy_host = None is not a host" in p for p in problems)
+    assert any("needs 8 hosts in group decode, the inventory has 7" in p for p in problems), problems
+    assert any("host node08 is in groups prefill and decode" in p for p in problems)
+    assert any("npuops_proxy_host = None is not a host of the inventory" in p for p in problems)
+
+
+def test_ports_kv_ranges_and_the_proxy_beside_an_engine(presets):
+    groups, hv = good_pd()
+    for h in hv:
+        hv[h]["npuops_prefill_kv_port"] = 30000
+    assert check(groups, hv, presets) == ["npuops_prefill_kv_port = 30000 is inside AscendDirect's random port range "
+                                          "on A3 nodes; use 36000 or higher (intermittent 'Address already in use' "
+                                          "otherwise)"]
+    groups, hv = good_pd()
+    for h in hv:
+        hv[h]["npuops_proxy_port"] = 8000  # node01 serves its prefill rank's API on 8000
+    assert check(groups, hv, presets) == ["npuops_proxy_port 8000 (instance main) collides with the engine's own ports "
+                                          "on node01; pick another"]
+    groups, hv = good_pd()
+    hv["node01"]["npuops_api_port"] = "http"
+    assert check(groups, hv, presets) == ["host node01: npuops_api_port = 'http' is not an integer"]
+
+
+def test_model_overrides_are_checked_against_the_preset(presets):
+    groups, hv = good()
+    for h in hv:
+        hv[h]["npuops_model_overrides"] = {"max_num_seq": 8, "max_model_len": "sixty"}
+    problems = check(groups, hv, presets)
+    assert len(problems) == 2
+    assert problems[0] == "npuops_model_overrides: max_model_len = 'sixty': 'sixty' is not an integer (the preset has 133120)"
+    assert problems[1].startswith("npuops_model_overrides: 'max_num_seq' is not a preset field; the fields are ")
+    assert "max_num_seqs" in problems[1]
+    spec = inv.model_spec(presets, "kimi_k3_w4a8", {"max_num_seqs": "8", "enable_prefix_caching": "false"})
+    assert spec["max_num_seqs"] == 8 and spec["enable_prefix_caching"] is False
+    with pytest.raises(AnsibleFilterError, match="max_num_seq"):
+        inv.model_spec(presets, "kimi_k3_w4a8", {"max_num_seq": 8})
+
+
+def test_vllm_overrides_with_unknown_options_are_named(presets):
+    groups, hv = good()
+    hv["node03"]["npuops_vllm_overrides"] = {"max_num_seq": 8}
+    assert check(groups, hv, presets) == ["host node03: npuops_vllm_overrides: unknown vllm serve option "
+                                          "'max_num_seq' (did you mean max_num_seqs?)"]
+
+
+def test_instances_must_be_complete_disjoint_and_named_everywhere(presets):
+    groups, hv = two_instances()
+    hv["node08"]["npuops_instance"] = "a"
+    problems = check(groups, hv, presets)
+    assert any("instance a has 5" in p for p in problems) and any("instance b has 3" in p for p in problems), problems
+    groups, hv = two_instances()
+    hv["node05"].pop("npuops_instance")
+    assert check(groups, hv, presets)[0].startswith("npuops_instance is set on node01, node02, node03, node04, "
+                                                    "node06, node07, node08 but not on node05")
+    groups, hv = two_instances()
+    hv["node06"]["npuops_node_ip"] = "10.0.0.12"
+    assert check(groups, hv, presets) == ["host node06: npuops_node_ip 10.0.0.12 is also the address of node02; "
+                                          "every node needs its own"]
+    groups, hv = two_instances()
+    for h in ("node05", "node06", "node07", "node08"):
+        hv[h]["npuops_image"] = "quay.io/ascend/vllm-ascend:v0.24.0-a3"  # a canary: another image per instance
+    assert check(groups, hv, presets) == []
+    hv["node08"]["npuops_image"] = "quay.io/ascend/vllm-ascend:v0.25.0-a3"
+    assert check(groups, hv, presets)[0].startswith("npuops_image differs between hosts of instance b")
+
+
+def test_pd_instances_need_their_own_proxy_hosts(presets):
+    groups, hv = good(32, "8p8d_pd")
+    nodes = groups["npu_nodes"]
+    groups["prefill"], groups["decode"] = nodes[:8] + nodes[16:24], nodes[8:16] + nodes[24:]
+    for i, h in enumerate(nodes):
+        hv[h].update(npuops_instance="a" if i < 16 else "b", npuops_proxy_host="node01")
+    assert check(groups, hv, presets) == ["instances a, b all name npuops_proxy_host node01; each instance needs its "
+                                          "own proxy host"]
 
 
 def test_no_npu_nodes_group(presets):
-    assert "no hosts in group npu_nodes" in inv.validate_inventory({}, {}, TIERS, presets)[0]
+    assert "no hosts in group npu_nodes" in inv.validate_inventory({}, {}, presets)[0]

@@ -115,7 +115,7 @@ def test_tier_and_image_must_match_the_hardware():
 
 def test_capacity_errors_fail_and_warnings_do_not():
     cap = {"main": {"errors": ["weights need 187.5 GiB per die"], "warnings": []}}
-    rep = report(cluster(), capacity=cap, plan={"instances": {"main": {"leader": "node01"}}})
+    rep = report(cluster(), capacity=cap, plan={"instances": {"main": {"groups": {"main": {"leader": "node01"}}}}})
     assert checks(rep) == [("node01", "capacity", None)]
     warn = {"main": {"errors": [], "warnings": ["at full length only 2 sequences run"]}}
     rep = report(cluster(), capacity=warn)

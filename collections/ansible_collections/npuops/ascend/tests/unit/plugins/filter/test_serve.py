@@ -14,10 +14,12 @@ from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import 
 OPTS = {"model_dir": "/data/models/k3", "image": "quay.io/ascend/vllm-ascend:v0.23.0-a3"}
 
 
-def containers(tier_name, n, preset="kimi_k3_w4a8", extra_groups=None, **tier_values):
+def containers(tier_name, n, preset="kimi_k3_w4a8", extra_groups=None, **host_values):
     groups, hv = inventory(n)
     groups.update(extra_groups(groups) if extra_groups else {})
-    tier = tier_spec(tier_name, **tier_values)
+    for h in hv:
+        hv[h].update(host_values)
+    tier = tier_spec(tier_name)
     plan = topology.plan_topology(groups, hv, tier)
     return serve.serve_containers(plan, hv, tier, presets()[preset], OPTS), plan, hv, tier
 
@@ -76,7 +78,7 @@ def test_8p8d_kv_transfer_and_proxy():
     assert hosts == ["10.0.0.%d" % (11 + i) for i in range(8)]
     assert proxy[proxy.index("--decoder-ports") + 1:] == ["8000"] * 8
     report = serve.plan_report(out, plan)
-    assert report["proxy"]["host"] == "node01" and report["hosts"]["node12"]["rank"] == 3
+    assert report["instances"]["main"]["proxy"]["host"] == "node01" and report["hosts"]["node12"]["rank"] == 3
 
 
 def test_per_host_overrides_reach_the_argv_and_the_peer_check():
