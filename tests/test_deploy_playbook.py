@@ -1,16 +1,22 @@
-"""playbooks/deploy.yml on a 4-node simulated cluster: what changes restarts, what is wrong fails fast, named."""
+"""playbooks/deploy.yml on a 4-node simulated cluster: what changes restarts, check mode shows it first, what is
+wrong fails fast, named, and leaves nothing of the run behind."""
 import ipaddress
 import json
 import re
+import subprocess
 import time
 
 import pytest
 
-from npuops_sim.testing import BIN, TEST_ENV, bring_up, run, sim
+from npuops_sim.testing import BIN, REPO, TEST_ENV, bring_up, env, run, sim
 
 pytestmark = pytest.mark.sim
 # an address on the test cluster's own management network that no node has
 WRONG_LEADER = str(ipaddress.ip_network(TEST_ENV["SIM_MGMT_NET"]).network_address + 99)
+NODES = ("node01", "node02", "node03", "node04")
+DOWNTIME = ["-e", '{"npuops_rollout_allow_downtime": true}']
+# the preset change the second test makes, which later tests keep
+CHANGE = ["-e", '{"npuops_model_overrides": {"weights_bytes": 4000000000, "max_num_seqs": 8}}']
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +28,14 @@ def cluster(tmp_path_factory):
     sim("down", timeout=300)
 
 
-def deploy(c, *extra, check=True):
+def deploy(c, *extra, check=True, timeout=600):
     return run([BIN + "/ansible-playbook", "-i", c.inventory] + list(extra) + ["playbooks/deploy.yml"], check=check,
-               timeout=600)
+               timeout=timeout)
 
 
 def started(c):
     out = {}
-    for node in ("node01", "node02", "node03", "node04"):
+    for node in NODES:
         line = c.ssh(node, "podman inspect vllm --format '{{.Name}} {{.State.Status}} {{.State.StartedAt}}'",
                      check=False).stdout.strip()
         out[node] = line
@@ -42,25 +48,55 @@ def overrides(tmp_path, host, values):
     return ["-i", str(path)]
 
 
+def recap(out):
+    return dict(re.findall(r"^(node\d\d)\s+: ok=\d+\s+changed=(\d+)", out, re.M))
+
+
+def test_check_mode_on_a_fresh_cluster_shows_every_container_it_would_create(cluster):
+    out = deploy(cluster, "--check", "--diff")
+    assert all(v == "" or "no such" in v.lower() or "error" in v.lower() for v in started(cluster).values())
+    for node in NODES:
+        assert "%s (create): (all): (unset) -> created" % node in out.stdout
+    assert "+    --data-parallel-start-rank: '3'" in out.stdout or "--data-parallel-start-rank" in out.stdout
+    assert "fatal" not in out.stdout
+
+
 def test_a_preset_change_restarts_the_engines_once_and_nothing_else(cluster):
     deploy(cluster)
     before = started(cluster)
     again = deploy(cluster)
-    assert re.findall(r"changed=(\d+)", again.stdout) == ["0"] * 4 and started(cluster) == before
-    changed = deploy(cluster, "-e", '{"npuops_model_overrides": {"weights_bytes": 4000000000, "max_num_seqs": 8}}')
+    assert recap(again.stdout) == dict((n, "0") for n in NODES) and started(cluster) == before
+    change = CHANGE
+    refused = deploy(cluster, *change, check=False)
+    assert refused.returncode != 0 and "the update interrupts service" in refused.stdout
+    assert started(cluster) == before  # refused before anything was touched
+    changed = deploy(cluster, *(change + DOWNTIME))
     after = started(cluster)
     assert all(after[n] != before[n] and " running " in after[n] for n in after)
     assert "--max-num-seqs 8" in cluster.ssh("node03", "podman inspect vllm --format '{{.Config.Cmd}}'").stdout \
         .replace("[", "").replace("]", "")
-    assert "changed: [node01]" in changed.stdout
-    settled = deploy(cluster, "-e", '{"npuops_model_overrides": {"weights_bytes": 4000000000, "max_num_seqs": 8}}')
-    assert re.findall(r"changed=(\d+)", settled.stdout) == ["0"] * 4 and started(cluster) == after
+    assert "node01 (recreate): --max-num-seqs: 16 -> 8" in changed.stdout
+    settled = deploy(cluster, *change)
+    assert recap(settled.stdout) == dict((n, "0") for n in NODES) and started(cluster) == after
+
+
+def test_check_mode_on_a_live_cluster_names_the_flag_on_exactly_the_affected_hosts(cluster, tmp_path):
+    before = started(cluster)
+    out = deploy(cluster, "--check", "--diff", *(CHANGE + overrides(tmp_path, "node03", {"npuops_env_overrides": {
+        "HCCL_BUFFSIZE": 2048}})))
+    assert "node03 (recreate): env HCCL_BUFFSIZE: 1024 -> 2048" in out.stdout, out.stdout[-6000:]
+    for node in ("node01", "node02", "node04"):
+        assert "%s (restart with its group main/main)" % node in out.stdout
+        assert "%s (recreate)" % node not in out.stdout
+    assert re.search(r'-\s+"?HCCL_BUFFSIZE"?: .?1024', out.stdout) and re.search(r'\+\s+"?HCCL_BUFFSIZE"?: .?2048',
+                                                                                 out.stdout)
+    assert started(cluster) == before  # check mode changed nothing
 
 
 def test_a_duplicate_rank_fails_fast_naming_the_host_and_stops_everything(cluster, tmp_path):
     t0 = time.time()
-    out = deploy(cluster, *overrides(tmp_path, "node03", {"npuops_vllm_overrides": {"data_parallel_start_rank": 1}}),
-                 check=False)
+    out = deploy(cluster, *(overrides(tmp_path, "node03", {"npuops_vllm_overrides": {"data_parallel_start_rank": 1}})
+                            + CHANGE + DOWNTIME), check=False)
     assert out.returncode != 0 and time.time() - t0 < 120
     assert "The deployment was stopped; engines that failed:" in out.stdout
     assert re.search(r"node0[23]: vllm: container vllm exited with code 1", out.stdout)
@@ -70,18 +106,57 @@ def test_a_duplicate_rank_fails_fast_naming_the_host_and_stops_everything(cluste
 
 def test_a_wrong_leader_address_fails_fast_naming_the_host(cluster, tmp_path):
     t0 = time.time()
-    out = deploy(cluster, *overrides(tmp_path, "node04", {"npuops_vllm_overrides": {
-        "data_parallel_address": WRONG_LEADER}}), check=False)
+    out = deploy(cluster, *(overrides(tmp_path, "node04", {"npuops_vllm_overrides": {
+        "data_parallel_address": WRONG_LEADER}}) + CHANGE), check=False)
     assert out.returncode != 0 and time.time() - t0 < 120
     assert re.search(r"node04: vllm: container vllm cannot reach %s:13389" % re.escape(WRONG_LEADER), out.stdout)
     assert all(" running " not in s for s in started(cluster).values())
-    fixed = deploy(cluster)  # and the right inventory brings it all back
+    fixed = deploy(cluster, *CHANGE)  # and the right inventory brings it all back (nothing serves: no downtime asked)
     assert "4node_dp is serving kimi-k3" in fixed.stdout
+
+
+def test_a_worker_killed_while_the_leader_waits_ends_every_wait_within_60s(cluster, tmp_path):
+    """The engines load for 10 minutes (the ready timeout is 5); node03's engine is killed 20 s into the wait and node01's frozen, so
+    only the others' news can end node01's wait: the play must fail naming node03 within 60 s of the kill,
+    and no engine of this run may be left running."""
+    inv = tmp_path / "slow.yml"
+    inv.write_text(json.dumps({"all": {"vars": {"npuops_env_overrides": {"NPUOPS_SIM_LOAD_SECONDS": "600"}}}}))
+    slow = ["-i", str(inv)]
+    before = started(cluster)
+    proc = subprocess.Popen([BIN + "/ansible-playbook", "-i", cluster.inventory] + slow + CHANGE + DOWNTIME +
+                            ["playbooks/deploy.yml"], cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:  # wait until the restarted engines are loading
+            now = started(cluster)
+            if all(now[n] != before[n] and " running " in now[n] for n in NODES):
+                break
+            time.sleep(2)
+        else:
+            pytest.fail("the engines were not restarted within 180 s")
+        time.sleep(20)  # past the settle phase: every host is in the long ready wait
+        sim("fault", "--node", "1", "--fault", "engine_hang")  # the leader can tell nothing itself now
+        cluster.ssh("node03", "podman kill vllm")
+        killed = time.time()
+        out, _err = proc.communicate(timeout=120)
+        took = time.time() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sim("fault", "--node", "1", "--fault", "clear")
+    assert proc.returncode != 0 and took < 60, (took, out[-3000:])
+    assert "The deployment was stopped; engines that failed:" in out
+    assert re.search(r"node03: vllm: container vllm exited with code", out), out[-3000:]
+    assert "stopped waiting for vllm: node03 failed" in out
+    assert all(" running " not in s for s in started(cluster).values()), started(cluster)
+    deploy(cluster, *CHANGE)  # back to a serving cluster for the next test
 
 
 def test_plan_playbook_shows_what_runs_without_touching_nodes(cluster, tmp_path):
     out = tmp_path / "plan.json"
-    run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/plan.yml", "-e", "plan_output=%s" % out])
+    run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/plan.yml", "-e", "plan_output=%s" % out]
+        + CHANGE)
     plan = json.loads(out.read_text())
     argv = cluster.ssh("node02", "podman inspect vllm --format '{{json .Config.Cmd}}'").stdout
     assert json.loads(argv) == plan["hosts"]["node02"]["container"]["argv"]

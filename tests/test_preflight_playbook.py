@@ -1,5 +1,6 @@
 """playbooks/preflight.yml on the simulated cluster: healthy clusters pass; a fault fails it, named."""
 import json
+import time
 
 import pytest
 
@@ -47,6 +48,20 @@ def test_no_secret_in_the_output(cluster4, tmp_path):
     assert "npuops_preflight_token" not in proc.stdout or "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER" in proc.stdout
     tokens = [line for line in proc.stdout.splitlines() if '"token":' in line and "VALUE_SPECIFIED" not in line]
     assert tokens == []
+
+
+def test_a_hung_npu_smi_is_a_failed_row_of_that_host_and_the_others_still_report(cluster4, tmp_path):
+    sim("fault", "--node", "2", "--fault", "npu_smi_hang")
+    try:
+        t0 = time.time()
+        proc, report = preflight(cluster4, tmp_path, "-e", '{"npuops_preflight_command_timeout": 5}')
+        took = time.time() - t0
+    finally:
+        sim("fault", "--node", "2", "--fault", "clear")
+    assert proc.returncode != 0 and took < 150, took
+    assert [(f["host"], f["check"]) for f in report["failures"]] == [("node02", "npu_facts")]
+    assert "npu-smi info did not answer within 5s" in report["failures"][0]["observed"]
+    assert report["hosts"] == ["node01", "node02", "node03", "node04"]  # everyone else's checks came back
 
 
 def test_healthy_16_nodes_pass(tmp_path_factory, tmp_path):

@@ -301,6 +301,8 @@ class Cluster:
             shutil.rmtree(smi)
         for rel, text in npu_smi_tool.render_all(p).items():
             write(os.path.join(smi, rel), text)
+        # the renderer itself, for the answers that depend on the node's live processes
+        shutil.copyfile(npu_smi_tool.__file__, os.path.join(usr, "Ascend/driver/lib64/npuops_sim/npu_smi.py"))
         write(os.path.join(usr, "Ascend/driver/version.info"), prof.version_info(p))
         write(os.path.join(usr, "Ascend/ascend-toolkit/latest/x86_64-linux/ascend_toolkit_install.info"),
               prof.toolkit_install_info(p))

@@ -148,3 +148,29 @@ def test_hccn_tool_ping_reports_loss_in_the_real_summary_format(tmp_path, a3_pro
     lost = run_tool(tmp_path, a3_profile, "hccn_tool.sh", "-i", "2", "-ping", "-g", "address", "127.0.0.1")
     assert lost.returncode != 0
     assert lost.stdout.splitlines()[-1] == "3 packets transmitted, 0 received, 100.00% packet loss"
+
+
+def fake_proc(root, pid, netns, argv, env, comm="python3"):
+    d = root / str(pid)
+    (d / "ns").mkdir(parents=True)
+    os.symlink(netns, str(d / "ns" / "net"))
+    (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (d / "environ").write_bytes(b"\0".join(("%s=%s" % kv).encode() for kv in env.items()) + b"\0")
+    (d / "comm").write_text(comm + "\n")
+
+
+def test_the_table_lists_the_engines_running_in_this_node_and_their_hbm(tmp_path, a3_profile):
+    root = tmp_path / "proc"
+    (root / "self" / "ns").mkdir(parents=True)
+    os.symlink("net:[4026531]", str(root / "self" / "ns" / "net"))
+    engine = ["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "/m", "--gpu-memory-utilization", "0.85"]
+    fake_proc(root, 4475, "net:[4026531]", engine, {"ASCEND_RT_VISIBLE_DEVICES": "0,1"})
+    fake_proc(root, 5000, "net:[4026999]", engine, {"ASCEND_RT_VISIBLE_DEVICES": "0"})  # another node's engine
+    fake_proc(root, 5001, "net:[4026531]", ["sleep", "60"], {"ASCEND_RT_VISIBLE_DEVICES": "0"})  # not vLLM
+    live = npu_smi_tool.live_processes(a3_profile, proc_root=str(root))
+    assert [(q["pid"], q["npu_id"], q["chip_id"]) for q in live] == [(4475, 0, 0), (4475, 0, 1)]
+    assert live[0]["memory_mb"] == int(0.85 * 65536) - 3397
+    table = npu_smi_tool.info_table(npu_smi_tool.with_live_processes(a3_profile, proc_root=str(root)))
+    assert "| 0       0                 | 4475          | python3" in table
+    assert "%d/ 65536" % int(0.85 * 65536) in table  # five digits lose their space, as the real tool prints
+    assert "No running processes found in NPU 0" not in table and "No running processes found in NPU 1" in table

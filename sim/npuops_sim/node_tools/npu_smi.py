@@ -99,6 +99,63 @@ def info_table(p):
     return "\n".join(out)
 
 
+def live_processes(p, proc_root="/proc"):
+    """The node's NPU users, as the real npu-smi lists them from the driver: processes in this node's network
+    namespace (its host-network containers share it) that run `vllm serve` with ASCEND_RT_VISIBLE_DEVICES. Each
+    holds gpu_memory_utilization of every visible die's HBM (vLLM's budget), as a vLLM engine does."""
+    try:
+        mine = os.readlink(os.path.join(proc_root, "self", "ns", "net"))
+    except OSError:
+        return []
+    by_logic = dict((chip["logic_id"], (card, chip)) for card, chip in chips(p))
+    found = []
+    for pid in sorted((e for e in os.listdir(proc_root) if e.isdigit()), key=int):
+        base = os.path.join(proc_root, pid)
+        try:
+            if os.readlink(os.path.join(base, "ns", "net")) != mine:
+                continue
+            with open(os.path.join(base, "cmdline"), "rb") as f:
+                argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+            if "serve" not in argv or not any(a.endswith("vllm") for a in argv):
+                continue
+            with open(os.path.join(base, "environ"), "rb") as f:
+                env = dict(e.decode("utf-8", "replace").split("=", 1) for e in f.read().split(b"\0") if b"=" in e)
+            with open(os.path.join(base, "comm")) as f:
+                name = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        visible = env.get("ASCEND_RT_VISIBLE_DEVICES")
+        if not visible:
+            continue
+        util = 0.9
+        if "--gpu-memory-utilization" in argv[:-1]:
+            try:
+                util = float(argv[argv.index("--gpu-memory-utilization") + 1])
+            except ValueError:
+                pass
+        for logic in visible.split(","):
+            if logic.strip().isdigit() and int(logic) in by_logic:
+                card, chip = by_logic[int(logic)]
+                found.append({"npu_id": card["npu_id"], "chip_id": chip["chip_id"], "pid": int(pid), "name": name,
+                              "memory_mb": int(util * chip["hbm_total_mb"]) - chip["hbm_used_mb"]})
+    return found
+
+
+def with_live_processes(p, proc_root="/proc"):
+    """The profile as the driver sees it right now: its own (faulted) process rows plus the live NPU users."""
+    live = live_processes(p, proc_root)
+    if not live:
+        return p
+    p = json.loads(json.dumps(p))
+    for q in live:
+        card = find_card(p, q["npu_id"])
+        chip = next(c for c in card["chips"] if c["chip_id"] == q["chip_id"])
+        chip["hbm_used_mb"] += q["memory_mb"]
+        chip["aicore_pct"] = max(chip.get("aicore_pct", 0), 12)
+    p["processes"] = list(p.get("processes", [])) + live
+    return p
+
+
 def info_m(p):
     a3 = p["generation"] == "A3"
     head = ["NPU ID", "Chip ID", "Chip Logic ID"] + (["Chip Phy-ID"] if a3 else []) + ["Chip Name"]
@@ -216,7 +273,7 @@ def main(argv):
         return 1
     args = argv[1:]
     if not args:
-        print(info_table(p))
+        print(info_table(with_live_processes(p)))
         return 0
     if args == ["-m"]:
         print(info_m(p))

@@ -23,7 +23,12 @@ if [ -e "$STATE/hang" ]; then
   exec sleep 86400
 fi
 case "$*" in
-  "") say "$STATE/info"; exit 0 ;;
+  "")
+    # the table lists the processes using the NPUs right now: the Python renderer looks for them
+    if [ -f "$STATE/../npu_smi.py" ] && command -v python3 >/dev/null 2>&1; then
+      exec python3 "$STATE/../npu_smi.py" info
+    fi
+    say "$STATE/info"; exit 0 ;;
   "-m") say "$STATE/info_-m"; exit 0 ;;
   "-l") say "$STATE/info_-l"; exit 0 ;;
 esac

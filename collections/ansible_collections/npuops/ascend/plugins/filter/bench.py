@@ -1,11 +1,10 @@
 # -*- coding: utf-8 -*-
 # Copyright: npuops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""After the deploy: the load matrices, the lines validate and bench print, and the rollout's outcome.
+"""After the deploy: the load matrices, and the lines validate and bench print.
 
 Load matrices are data: a list of series, each one kind of load at several concurrencies. bench_points
-turns a matrix into the points vllm_bench runs, one per series and concurrency. rollout_outcome is what
-site.yml hands to tools through set_stats."""
+turns a matrix into the points vllm_bench runs, one per series and concurrency."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -100,31 +99,7 @@ def bench_row(row):
         num("prefix_hit_rate", "%.2f"))
 
 
-def rollout_outcome(plan, model_spec, preflight=None, weights=None, validate=None, bench=None, failed=None):
-    """The outcome of site.yml for tools (ansible-runner's artifact_data): where the service is, and each
-    stage's result - None for a stage that did not run (skipped by tag, or after a failure)."""
-    plan = plan or {}
-    out = {"ok": not failed, "failed": failed or None, "endpoint": plan.get("endpoint"),
-           "model": (model_spec or {}).get("served_model_name"), "tier": plan.get("tier"),
-           "nodes": sorted(plan.get("hosts") or []), "preflight": None, "weights": None, "validate": None,
-           "bench_report": None, "bench": None}
-    if preflight:
-        out["preflight"] = {"ok": preflight.get("ok"), "go": preflight.get("go"),
-                            "failures": [dict((k, f.get(k)) for k in ("host", "check", "device", "observed", "fix"))
-                                         for f in preflight.get("failures") or []]}
-    if weights:
-        out["weights"] = {"seed": weights.get("seed"), "total_bytes": int(weights.get("total_bytes") or 0),
-                          "files": len(weights.get("files") or []) if isinstance(weights.get("files"), list)
-                          else weights.get("files"), "copied_to": list(weights.get("receivers") or [])}
-    if validate:
-        out["validate"] = {"ok": validate.get("ok"), "checks": validate.get("checks")}
-    if bench:
-        out["bench_report"] = bench.get("report")
-        out["bench"] = {"ok": bench.get("ok"), "report_dir": bench.get("report_dir"), "table": bench.get("table")}
-    return out
-
-
 class FilterModule(object):
     def filters(self):
         return {"bench_points": bench_points, "bench_dropped": bench_dropped, "probe_row": probe_row,
-                "bench_row": bench_row, "rollout_outcome": rollout_outcome}
+                "bench_row": bench_row}

@@ -64,7 +64,18 @@ def preflight_gather(hostvars, hosts):
     return dict((h, {"npu": collect(hostvars, [h], "ansible_facts.npu")[h],
                      "npu_result": collect(hostvars, [h], "npuops_npu_result")[h],
                      "host_check": collect(hostvars, [h], "npuops_host_result")[h],
+                     "reach_check": collect(hostvars, [h], "npuops_reach_result")[h],
                      "hccn_check": collect(hostvars, [h], "npuops_hccn_result")[h]}) for h in hosts)
+
+
+def reach_targets(reach, hostvars, key):
+    """The plan's reach targets of a worker, each marked `live` when the leader's running service holds that port
+    (found by the leader's host_check, registered under `key`): then the worker connects to the service itself."""
+    out = []
+    for t in reach or []:
+        held = (collect(hostvars, [t["host"]], key)[t["host"]] or {}).get("held_by_service") or []
+        out.append(dict(t, live=int(t["port"]) in set(int(x["port"]) for x in held)))
+    return out
 
 
 def row(host, check, observed, expected, fix, device=None, severity="error"):
@@ -173,12 +184,18 @@ def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, 
                     rows.append(row(host, "chip_health", seen,
                                     "OK", "npu-smi info -t health -i %s -c %s shows the error code; clear the fault "
                                     "or replace the card before launch" % (c["card"], c["chip"]), device=c["phy_id"]))
+            service_pids = set((r.get("host_check") or {}).get("service_pids") or [])
             for p in facts.get("processes", []):
                 phy = phy_of.get((p["card"], p["chip"]))
-                rows.append(row(host, "hbm_free", "pid %s (%s) holds %s MB on card %s chip %s" % (
-                    p["pid"], p.get("name") or "?", p.get("memory_mb"), p["card"], p["chip"]),
-                    "no process on the NPUs", "stop pid %s on %s (a stale vLLM or training job?); the engine needs "
-                    "the whole HBM" % (p["pid"], host), device=phy))
+                seen = "pid %s (%s) holds %s MB on card %s chip %s" % (p["pid"], p.get("name") or "?",
+                                                                       p.get("memory_mb"), p["card"], p["chip"])
+                if _int(p["pid"]) in service_pids:
+                    rows.append(row(host, "hbm_free", seen + ": the service's own engine", "no foreign process on "
+                                    "the NPUs", "nothing to do", device=phy, severity="service"))
+                    continue
+                rows.append(row(host, "hbm_free", seen,
+                                "no process on the NPUs", "stop pid %s on %s (a stale vLLM or training job?); the engine "
+                                "needs the whole HBM" % (p["pid"], host), device=phy))
             busy_devices = set(phy_of.get((p["card"], p["chip"])) for p in facts.get("processes", []))
             for c in facts.get("chips", []):
                 if c.get("hbm_used_mb") and c["hbm_used_mb"] > HBM_IDLE_MAX_MB and c["phy_id"] not in busy_devices:
@@ -202,6 +219,18 @@ def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, 
         else:
             for p in hc.get("failed_checks", []):
                 rows.append(row(host, p["check"], p["observed"], p["expected"], p["fix"], device=p.get("phy_id")))
+            for held in hc.get("held_by_service", []):
+                rows.append(row(host, "port_free", "port %s is held by the service (%s)" % (held["port"],
+                                                                                           held["owner"]),
+                                "port %s free or the service's own" % held["port"], "nothing to do",
+                                severity="service"))
+        rc = r.get("reach_check")
+        if isinstance(rc, dict) and not rc.get("skipped"):
+            if not _ok_result(rc):
+                rows.append(_module_failure(host, "reach", rc))
+            else:
+                for p in rc.get("failed_checks", []):
+                    rows.append(row(host, p["check"], p["observed"], p["expected"], p["fix"]))
 
         hk = r.get("hccn_check")
         if not _ok_result(hk):
@@ -244,15 +273,23 @@ def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, 
     rows.sort(key=lambda x: (x["host"], x["check"], -1 if x["device"] is None else x["device"]))
     failures = [x for x in rows if x["severity"] == "error"]
     warnings = [x for x in rows if x["severity"] == "warning"]
+    service = [x for x in rows if x["severity"] == "service"]
     return {"ok": not failures, "go": not failures or not strict, "failures": failures, "warnings": warnings,
-            "hosts": sorted(hosts_results), "table": format_table(rows)}
+            "service": service, "hosts": sorted(hosts_results), "table": format_table(rows)}
+
+
+def _int(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def format_table(rows):
     if not rows:
         return ["preflight: every check passed"]
     head = ("host", "check", "dev", "observed", "expected", "fix")
-    data = [(x["host"], x["check"] + ("" if x["severity"] == "error" else " (warning)"),
+    data = [(x["host"], x["check"] + {"error": "", "warning": " (warning)", "service": " (service)"}[x["severity"]],
              "" if x["device"] is None else str(x["device"]), x["observed"], x["expected"], x["fix"]) for x in rows]
     widths = [min(max(len(r[i]) for r in data + [head]), cap) for i, cap in enumerate((12, 20, 3, 72, 48, 400))]
     fmt = "  ".join("%%-%ds" % w for w in widths[:-1]) + "  %s"
@@ -265,4 +302,4 @@ def format_table(rows):
 class FilterModule(object):
     def filters(self):
         return {"ping_mesh": ping_mesh, "preflight_report": preflight_report, "image_requirement": image_requirement,
-                "collect": collect, "preflight_gather": preflight_gather}
+                "collect": collect, "preflight_gather": preflight_gather, "reach_targets": reach_targets}

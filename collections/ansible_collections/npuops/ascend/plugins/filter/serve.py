@@ -17,7 +17,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter.topology import DEFAULT_INSTANCE
 from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
-from ansible_collections.npuops.ascend.plugins.plugin_utils import values
+from ansible_collections.npuops.ascend.plugins.plugin_utils import board, values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 PROXY_SCRIPT = "/vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py"
@@ -192,18 +192,58 @@ def serve_containers(plan, hostvars, tier, model, options):
 
 
 def serve_failures(hostvars, hosts, key):
-    """'host: message' for every host whose registered vllm_container result under `key` failed.
+    """'host: message' for every host whose registered result under `key` failed or was unreachable.
 
-    The role registers the readiness wait with failed_when: false (to stop everything before failing), which
-    clears `failed`; a failed vllm_container result always carries a msg, a successful one never does."""
-    out = []
+    The role registers its waits with failed_when: false (to stop what it started before failing), which clears
+    `failed`; a failed result always carries a msg, a successful one never does. Hosts that only stopped waiting
+    because another one failed (`aborted`) are named last, after the hosts that failed first."""
+    first, after = [], []
     for h in hosts:
         res = hostvar(hostvars, h, key, {}) or {}
-        if res.get("msg") and not res.get("skipped"):
-            out.append("%s: %s" % (h, res["msg"]))
+        if res.get("skipped"):
+            continue
+        if res.get("unreachable"):
+            first.append("%s: unreachable (%s)" % (h, (res.get("msg") or "no answer")[:300]))
+        elif res.get("msg") and res.get("aborted"):
+            after.append("%s: %s" % (h, res["msg"]))
+        elif res.get("msg") and (res.get("failed") or "ready_after" not in res):
+            first.append("%s: %s" % (h, res["msg"]))
+    return first + after
+
+
+def serve_restarts(hostvars, plan, key, force=(), active=None):
+    """From every engine's preview (vllm_container in check mode, registered under `key`): which engine groups
+    restart, the lines that say why, which serving instances that interrupts, and the hosts that could not be
+    asked. A group restarts as a whole when any of its engines would change, start or be created, or when it is
+    forced (recover)."""
+    restart = set(force or [])
+    problems, lines = [], []
+    results = {}
+    for host, entry in sorted(plan["hosts"].items()):
+        res = hostvar(hostvars, host, key, {}) or {}
+        results[host] = res
+        if active is not None and host not in active:
+            problems.append("%s: not in the play any more (unreachable or failed before this stage)" % host)
         elif res.get("unreachable"):
-            out.append("%s: unreachable" % h)
-    return out
+            problems.append("%s: unreachable (%s)" % (host, (res.get("msg") or "no answer")[:300]))
+        elif res.get("failed"):
+            problems.append("%s: %s" % (host, res.get("msg")))
+        action = res.get("action") or "none"
+        if action != "none":
+            restart.add(entry["group_key"])
+            lines.append("%s (%s): %s" % (host, action, "; ".join(res.get("changes") or []) or action))
+    for host, entry in sorted(plan["hosts"].items()):
+        if entry["group_key"] in restart and (results[host].get("action") or "none") == "none":
+            lines.append("%s (restart with its group %s)" % (host, entry["group_key"]))
+    serving = set()
+    for name, inst in plan["instances"].items():
+        for group in inst["groups"].values():
+            if group["key"] in restart and all(results[h].get("started_at") for h in group["hosts"]):
+                serving.add(name)
+    restart_hosts = sorted(h for h, e in plan["hosts"].items() if e["group_key"] in restart)
+    return {"restart": sorted(restart), "restart_hosts": restart_hosts, "lines": lines, "problems": problems,
+            "interrupts": sorted(serving),
+            "interrupts_service": bool(serving) and not (set(plan["instances"]) - serving)}
 
 
 SHOWN = ("name", "image", "command", "env", "devices", "mounts", "shm_size", "privileged", "labels")
@@ -232,12 +272,13 @@ def plan_report(containers, plan):
     return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "instances": instances}
 
 
-def serve_order(containers, plan):
-    """Hosts in start order: leaders first (the DP / master rendezvous must listen before workers dial it)."""
-    return sorted(containers, key=lambda h: (plan["hosts"].get(h, {}).get("role") != "leader", h))
+def board_dirs(run_id, phases=("settle", "ready")):
+    """The controller-side status boards of one deploy run (to remove them when it ends)."""
+    return [board.board_dir("%s-%s" % (run_id, phase)) for phase in phases]
 
 
 class FilterModule(object):
     def filters(self):
-        return {"serve_containers": serve_containers, "serve_order": serve_order, "serve_failures": serve_failures,
-                "plan_report": plan_report}
+        return {"serve_containers": serve_containers, "serve_failures": serve_failures,
+                "serve_restarts": serve_restarts, "plan_report": plan_report,
+                "board_dirs": board_dirs}

@@ -12,10 +12,9 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import re
-import subprocess
 import time
 
-from ansible_collections.npuops.ascend.plugins.module_utils import workers
+from ansible_collections.npuops.ascend.plugins.module_utils import proc, workers
 
 NOT_SUPPORTED = "does not support this function"
 DEFAULT_HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
@@ -97,18 +96,9 @@ def parse_ping(text):
 
 
 def run_command(argv, timeout):
-    """subprocess with a hard timeout -> (rc, stdout+stderr). rc -9 when it had to be killed."""
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    except OSError as e:
-        return 127, str(e)
-    try:
-        out = proc.communicate(timeout=timeout)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out = proc.communicate()[0]
-        return -9, (out or b"").decode("utf-8", "replace") + "\n(killed after %ss)" % timeout
-    return proc.returncode, out.decode("utf-8", "replace")
+    """The command bounded by `timeout` -> (rc, stdout+stderr); rc proc.TIMED_OUT (-9) when it had to be killed."""
+    rc, out, err = proc.run(argv, timeout)
+    return rc, out + err
 
 
 def failed(check, phy, observed, expected, **fmt):

@@ -1,12 +1,17 @@
 # -*- coding: utf-8 -*-
 # Copyright: npuops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Host-side checks a vLLM-Ascend node needs before launch (ascend-facts §6 rows 1, 3, 4, 6, 7).
+"""Host-side checks a vLLM-Ascend node needs before launch.
 
-The NIC that HCCL/Gloo are told to use must own the node IP; the tier's ports must be free; workers
-must reach the leader's ports over TCP (firewalls); /dev/shm and the disk must be large enough; the
-container engine must exist; /etc/hccn.conf must exist with one address per device. Each failure is
-``{check, observed, expected, fix}``. Standard library only: this runs on the nodes.
+The NIC that HCCL/Gloo are told to use must own the node IP (a wrong one hangs at init or falls back to
+loopback: vllm-ascend#9317, #167); the tier's ports must be free (vllm-ascend#4725, #8938); workers must reach the
+leader's ports over TCP (firewalls); /dev/shm (vllm-ascend#3717) and the disk must be large enough; the container
+engine must answer; /etc/hccn.conf must exist with one address per device (without it PD answers garbage,
+vllm-ascend#7711). Each failure is ``{check, observed, expected, fix}``.
+
+A deployment that already runs holds its own ports and processes: what belongs to the service's own containers
+(found by name, made by npuops, their processes by the container id in their cgroup) is reported as held by the
+service, not as a conflict. Standard library only: this runs on the nodes.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -18,6 +23,8 @@ import os
 import socket
 import subprocess
 import time
+
+from ansible_collections.npuops.ascend.plugins.module_utils import container, proc
 
 GIB = 1024 ** 3
 
@@ -78,7 +85,7 @@ def _listening(proc_root="/proc"):
 
 
 def _owners(inodes, proc_root="/proc"):
-    """Which processes hold these socket inodes: ['1234 (python3)', ...]."""
+    """Which processes hold these socket inodes: [(pid, comm), ...]."""
     wanted = {"socket:[%s]" % i for i in inodes}
     found = []
     for pid in os.listdir(proc_root):
@@ -93,24 +100,66 @@ def _owners(inodes, proc_root="/proc"):
             try:
                 if os.readlink(os.path.join(fd_dir, fd)) in wanted:
                     with open(os.path.join(proc_root, pid, "comm")) as f:
-                        found.append("%s (%s)" % (pid, f.read().strip()))
+                        found.append((int(pid), f.read().strip()))
                     break
             except OSError:
                 continue
     return found
 
 
-def check_ports_free(ports, proc_root="/proc"):
+def container_pids(container_id, proc_root="/proc"):
+    """PIDs whose cgroup path names the container: docker `/docker/<id>`, podman `libpod-<id>`, isula
+    `/isulad/<id>` all put the full container id in it, whatever the cgroup driver or version."""
+    if not container_id or len(container_id) < 12:
+        return set()
+    found = set()
+    for pid in os.listdir(proc_root):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, pid, "cgroup")) as f:
+                if container_id in f.read():
+                    found.add(int(pid))
+        except (IOError, OSError):
+            continue
+    return found
+
+
+def service_containers(engine, names, proc_root="/proc"):
+    """The service's own containers on this node: those of `names` that npuops made (they carry its config
+    label), with their state and processes. -> [{name, id, running, status, labels, pids}]."""
+    out = []
+    for name in names:
+        info = engine.inspect(name)
+        if not info:
+            continue
+        st = container.Engine.state(info)
+        if not st["hash"]:
+            continue  # a container of that name that npuops did not make is not the service's
+        pids = container_pids(st["id"], proc_root) if st["running"] else set()
+        out.append({"name": name, "id": st["id"], "running": st["running"], "status": st["status"],
+                    "labels": st["labels"], "pids": sorted(pids)})
+    return out
+
+
+def check_ports_free(ports, proc_root="/proc", service_pids=()):
+    """-> (problems, held): a port whose listeners all belong to the service is `held` (it is the service's own
+    port), any other listener is a problem naming its processes."""
     listening = _listening(proc_root)
-    problems = []
+    service_pids = set(service_pids)
+    problems, held = [], []
     for port in sorted(set(ports)):
-        if port in listening:
-            owners = _owners(listening[port], proc_root)
-            problems.append(fail("port_free", "port %d is in use by %s" % (port, ", ".join(owners) or "a process"),
-                                 "port %d free" % port,
-                                 "stop the process holding port %d (a stale vLLM or a previous run?) or choose "
-                                 "another port for the tier" % port, port=port))
-    return problems
+        if port not in listening:
+            continue
+        owners = _owners(listening[port], proc_root)
+        names = ", ".join("%d (%s)" % o for o in owners) or "a process"
+        if owners and all(pid in service_pids for pid, _comm in owners):
+            held.append({"port": port, "owner": names})
+            continue
+        problems.append(fail("port_free", "port %d is in use by %s" % (port, names), "port %d free" % port,
+                             "stop the process holding port %d (a stale vLLM or a previous run?) or choose "
+                             "another port for the tier" % port, port=port))
+    return problems, held
 
 
 def check_shm(min_bytes, path="/dev/shm"):
@@ -169,6 +218,9 @@ def check_engine(engine, which, run):
                            "install %s on the node, or set npuops_container_engine to the engine it has "
                            "(docker, podman or isula)" % engine)]
     rc, out = run([path, "--version"])
+    if rc == proc.TIMED_OUT:
+        return None, [fail("container_engine", "%s --version did not answer (is its daemon wedged?)" % engine,
+                           "%s answers" % engine, "restart the %s daemon on the node" % engine)]
     if rc != 0:
         return None, [fail("container_engine", "%s --version failed: %s" % (engine, out.strip()[:200]),
                            "%s answers" % engine, "repair the %s installation (is its daemon running?)" % engine)]
@@ -203,9 +255,10 @@ def check_hccn_conf(path, expected_devices, parse):
 
 LISTENER = r"""
 import os, socket, sys, time, select
-token, until, expect = sys.argv[1].encode(), float(sys.argv[2]), int(sys.argv[3])
+token = sys.stdin.readline().strip().encode()  # never in argv: `ps` shows argv to every user
+until, expect = float(sys.argv[1]), int(sys.argv[2])
 socks = []
-for spec in sys.argv[4:]:
+for spec in sys.argv[3:]:
     host, port = spec.rsplit(":", 1)
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -233,19 +286,22 @@ def start_listener(python, address, ports, token, seconds, expect):
     Returns (pid, problems). It stops after `seconds` or once it answered `expect` connections, so the
     ports are free again before the engine starts.
     """
-    argv = [python, "-c", LISTENER, token, str(time.time() + seconds), str(expect)]
+    argv = [python, "-c", LISTENER, str(time.time() + seconds), str(expect)]
     argv += ["%s:%d" % (address, p) for p in ports]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            close_fds=True, preexec_fn=os.setsid)
-    first = proc.stdout.readline()
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE,
+                             close_fds=True, preexec_fn=os.setsid)
+    child.stdin.write(token.encode("utf-8") + b"\n")
+    child.stdin.close()
+    first = child.stdout.readline()
     if first.strip() != b"ready":
-        _out, err = proc.communicate()
+        child.stdin = None  # already closed: communicate() must not flush it
+        _out, err = child.communicate()
         lines = (err or b"").decode("utf-8", "replace").strip().splitlines()
         return None, [fail("port_listen", lines[-1] if lines else "the listener did not start",
                            "ports %s bindable on %s" % (ports, address),
                            "free the ports on %s (see port_free) or check that %s is this node's address"
                            % (address, address))]
-    return proc.pid, []
+    return child.pid, []
 
 
 def probe(address, port, token, timeout):
@@ -273,11 +329,33 @@ def probe(address, port, token, timeout):
         time.sleep(0.2)
 
 
+def probe_live(address, port, timeout):
+    """A port the running service holds: reached when a TCP connection is accepted (its own listener answers)."""
+    deadline = time.time() + timeout
+    last = "no attempt"
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=min(2.0, max(0.2, deadline - time.time()))).close()
+            return True, "reached the running service"
+        except socket.timeout:
+            last = "timed out"
+        except (OSError, socket.error) as e:
+            last = str(e)
+        if time.time() >= deadline:
+            return False, last
+        time.sleep(0.2)
+
+
 def check_reach(targets, token, timeout):
+    """Connect to each target: a preflight listener (answering `npuops <token>`), or with `live` the running
+    service's own listener on a port it holds."""
     problems = []
     results = []
     for t in targets:
-        ok, detail = probe(t["address"], int(t["port"]), token, timeout)
+        if t.get("live"):
+            ok, detail = probe_live(t["address"], int(t["port"]), timeout)
+        else:
+            ok, detail = probe(t["address"], int(t["port"]), token, timeout)
         results.append({"host": t.get("host"), "address": t["address"], "port": int(t["port"]), "ok": ok,
                         "detail": detail})
         if not ok:

@@ -141,7 +141,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.npuops.ascend.plugins.module_utils import hccn, npu_smi
+from ansible_collections.npuops.ascend.plugins.module_utils import hccn, npu_smi, proc
 
 
 def main():
@@ -166,9 +166,11 @@ def main():
         smi = module.params["npu_smi_path"] or module.get_bin_path("npu-smi", opt_dirs=["/usr/local/bin"])
         if not smi:
             module.fail_json(msg="no devices given and npu-smi not found to list them: set devices or npu_smi_path")
-        rc, out, err = module.run_command([smi, "info", "-m"])
+        rc, out = hccn.run_command([smi, "info", "-m"], 30)
+        if rc == proc.TIMED_OUT:
+            module.fail_json(msg="npu-smi info -m did not answer within 30s (a wedged driver?)")
         try:
-            devices = sorted(c["phy_id"] for c in npu_smi.parse_mapping(out + err))
+            devices = sorted(c["phy_id"] for c in npu_smi.parse_mapping(out))
         except npu_smi.NpuSmiError as e:
             module.fail_json(msg=str(e))
     targets = {}

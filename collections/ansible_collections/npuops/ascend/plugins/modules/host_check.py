@@ -22,6 +22,8 @@ description:
     O(reach_timeout), and checks that the preflight listener, not some other process, answered.
   - Each failure is returned as C({check, observed, expected, fix}); nothing on the node changes
     apart from the temporary listener.
+  - A reach entry with C(live=true) targets a port the running service holds; it passes when the connection is
+    accepted (the service's own listener answers).
 author:
   - npuops maintainers (@npuops)
 options:
@@ -86,8 +88,22 @@ options:
     type: int
     default: 15
   token:
-    description: Shared secret the listener answers with, so a reach check knows it met the listener.
+    description: Shared secret the listener answers with, so a reach check knows it met the listener (given to the
+      listener on its stdin, never in its command line).
     type: str
+  service_containers:
+    description:
+      - Names of the containers the service runs on this node (the plan's engine and proxy). Those that exist and
+        were made by npuops (they carry its config label) are the service's own; the ports their processes hold
+        are returned in RV(held_by_service) instead of failing O(ports_free), and their processes in
+        RV(service_pids) (found by the container id in each process's cgroup).
+    type: list
+    elements: str
+    default: []
+  command_timeout:
+    description: Seconds each external command (C(ip), the container CLI) may take.
+    type: int
+    default: 30
 attributes:
   check_mode:
     description: Runs in check mode; the temporary listener is still started, since it changes nothing lasting.
@@ -143,6 +159,23 @@ disk_free_bytes:
   description: Free bytes on the file system of O(weights_path).
   returned: when O(weights_path) is set
   type: int
+service:
+  description: The service's own containers found on the node (from O(service_containers)).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{name: vllm, id: 5f1c..., running: true, status: running, labels: {io.npuops.role: leader}, pids: [4475]}]
+service_pids:
+  description: Processes of the service's own running containers.
+  returned: always
+  type: list
+  elements: int
+held_by_service:
+  description: Ports of O(ports_free) that the service's own processes hold (not a failure).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{port: 8000, owner: "4475 (python3)"}]
 weights_present_bytes:
   description: Bytes already under O(weights_path).
   returned: when O(weights_path) is set
@@ -166,7 +199,7 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.npuops.ascend.plugins.module_utils import hccn, host
+from ansible_collections.npuops.ascend.plugins.module_utils import container, hccn, host, proc
 
 
 def main():
@@ -188,6 +221,8 @@ def main():
             reach=dict(type="list", elements="dict", default=[]),
             reach_timeout=dict(type="int", default=15),
             token=dict(type="str", no_log=True),
+            service_containers=dict(type="list", elements="str", default=[]),
+            command_timeout=dict(type="int", default=30),
         ),
         required_together=[("nic", "node_ip")],
         supports_check_mode=True,
@@ -195,15 +230,27 @@ def main():
     p = module.params
 
     def run(argv):
-        rc, out, err = module.run_command(argv)
+        rc, out, err = proc.run(argv, p["command_timeout"])
         return rc, out + err
 
     problems = []
-    result = dict(changed=False)
+    result = dict(changed=False, service=[], held_by_service=[])
+    service_pids = set()
+    if p["service_containers"] and p["container_engine"] and module.get_bin_path(p["container_engine"]):
+        engine = container.Engine(module.get_bin_path(p["container_engine"]), timeout=p["command_timeout"])
+        try:
+            result["service"] = host.service_containers(engine, p["service_containers"])
+        except container.ContainerError as e:
+            problems.append(host.fail("container_engine", str(e), "%s answers" % p["container_engine"],
+                                      "repair the %s installation (is its daemon running?)" % p["container_engine"]))
+        for c in result["service"]:
+            service_pids.update(c["pids"])
+    result["service_pids"] = sorted(service_pids)
     if p["nic"]:
         problems += host.check_nic(host.ipv4_addresses(run), p["nic"], p["node_ip"])
     if p["ports_free"]:
-        problems += host.check_ports_free(p["ports_free"])
+        found, result["held_by_service"] = host.check_ports_free(p["ports_free"], service_pids=service_pids)
+        problems += found
     if p["shm_min_gb"]:
         result["shm_bytes"], found = host.check_shm(p["shm_min_gb"] * host.GIB)
         problems += found

@@ -38,6 +38,12 @@ options:
       - When it is absent the CANN version is reported as V(null) (vLLM-Ascend images bring their own CANN).
     type: path
     default: /usr/local/Ascend/ascend-toolkit/latest
+  timeout:
+    description:
+      - Seconds each C(npu-smi) call may take. A wedged driver makes npu-smi block forever; the module then fails
+        naming the call instead of hanging the play.
+    type: int
+    default: 30
 attributes:
   check_mode:
     description: Runs in check mode; it only reads.
@@ -151,7 +157,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.npuops.ascend.plugins.module_utils import npu_smi
+from ansible_collections.npuops.ascend.plugins.module_utils import npu_smi, proc
 
 
 def read(path):
@@ -168,6 +174,7 @@ def main():
             npu_smi_path=dict(type="path"),
             driver_dir=dict(type="path", default="/usr/local/Ascend/driver"),
             toolkit_dir=dict(type="path", default="/usr/local/Ascend/ascend-toolkit/latest"),
+            timeout=dict(type="int", default=30),
         ),
         supports_check_mode=True,
     )
@@ -179,7 +186,11 @@ def main():
                              % (", " + module.params["npu_smi_path"] if module.params["npu_smi_path"] else ""))
 
     def run(*args):
-        rc, out, err = module.run_command([tool] + list(args))
+        rc, out, err = proc.run([tool] + list(args), module.params["timeout"])
+        if rc == proc.TIMED_OUT:
+            raise npu_smi.NpuSmiError("npu-smi %s did not answer within %ss: the driver may be wedged (check dmesg, "
+                                      "then reset the device or reboot the node)" % (" ".join(args),
+                                                                                    module.params["timeout"]))
         text = out + err
         npu_smi.check_output(text, "npu-smi " + " ".join(args))
         if rc != 0:

@@ -20,8 +20,14 @@ description:
   - With O(wait_ready), waits until a URL answers (the engine's C(/health), or its leader's) while the
     container keeps running and the peers it must reach stay reachable; a container that exits, or never
     gets ready within the timeout, fails the task with its exit code and the last lines of its log.
-  - Secrets (O(secret_env), for example the API key) reach the container through an env file readable only
-    by root and removed right after, so they appear in no command line, no diff and no log.
+  - Secrets (O(secret_env), for example the API key) appear in no command line, no diff, no label and no log. With
+    podman they live in podman's secret store and reach the container as environment (C(--secret ...,type=env)),
+    so C(podman inspect) shows the secret's name, not its value. docker (outside swarm) and isula have no secret
+    store; there the value reaches the container through an env file readable only by root and removed right
+    after, and C(inspect) on the node shows it to root.
+  - Labels carry a digest of each secret keyed by a random node-local key (C(/var/lib/npuops)), so a changed
+    secret recreates the container while the label reveals nothing that can be tested against guesses.
+  - Every call of the container CLI is bounded by O(command_timeout).
 author:
   - npuops maintainers (@npuops)
 options:
@@ -33,7 +39,8 @@ options:
     description:
       - V(started), V(stopped) or V(absent).
       - V(ready) changes nothing; it fails unless the container is running (and, with O(wait_ready), until it is
-        ready). It is how a deployment waits for containers it already started.
+        ready). It is how a deployment waits for containers it already started. In check mode it waits for
+        nothing and does not fail for a container that does not exist yet.
     type: str
     choices: [started, stopped, absent, ready]
     default: started
@@ -117,8 +124,22 @@ options:
         description: Seconds a peer may stay unreachable before the wait fails.
         type: float
         default: 15
+      missed:
+        description:
+          - Seconds each peer has already been unreachable in an earlier slice of the same wait (what a timed-out
+            wait returns as C(missed)); the waiting action plugin npuops.ascend.serve_wait passes it on.
+        type: dict
+        default: {}
+  command_timeout:
+    description: Seconds each call of the container CLI may take (a wedged daemon fails the task, naming the call).
+    type: int
+    default: 60
+  stop_timeout:
+    description: Seconds a stopping container gets between SIGTERM and SIGKILL.
+    type: int
+    default: 30
   secret_dir:
-    description: Where the transient env file for O(secret_env) is written.
+    description: Where the transient env file for O(secret_env) is written (docker and isula).
     type: path
     default: /run/npuops
 attributes:
@@ -126,7 +147,7 @@ attributes:
     description: Reports the action it would take (create, recreate, start, stop, remove) without doing it.
     support: full
   diff_mode:
-    description: The managed fields before and after (secrets by digest).
+    description: The managed fields before and after, the command one flag per line (secrets by digest).
     support: full
 notes:
   - Only the fields listed above are compared; changing anything else by hand is not detected.
@@ -169,6 +190,12 @@ changed_fields:
   type: list
   elements: str
   sample: [command, env]
+changes:
+  description: What differs, one line per vLLM flag, environment key, device or mount (secrets as C((secret))).
+  returned: always
+  type: list
+  elements: str
+  sample: ["--max-num-seqs: 16 -> 8", "env HCCL_BUFFSIZE: 256 -> 512"]
 config_hash:
   description: Hash of the desired spec (the container's label).
   returned: when O(state=started)
@@ -190,11 +217,6 @@ ready_after:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.npuops.ascend.plugins.module_utils import container as ct
-
-
-def wait_ready(engine, name, options):
-    return ct.wait_ready(engine, name, options["url"], options["timeout"], options["interval"], options["peers"],
-                         options["unreachable_after"])
 
 
 def main():
@@ -221,7 +243,10 @@ def main():
                 interval=dict(type="float", default=2),
                 peers=dict(type="list", elements="str", default=[]),
                 unreachable_after=dict(type="float", default=15),
+                missed=dict(type="dict", default={}),
             )),
+            command_timeout=dict(type="int", default=60),
+            stop_timeout=dict(type="int", default=30),
             secret_dir=dict(type="path", default="/run/npuops"),
         ),
         required_if=[("state", "started", ("image",))],
@@ -232,73 +257,17 @@ def main():
     if not cli:
         module.fail_json(msg="%s is not installed on this node (set npuops_container_engine to the engine it has)"
                              % p["engine"])
-    engine = ct.Engine(cli, module.run_command)
-    name = p["name"]
+    engine = ct.Engine(cli, timeout=p["command_timeout"])
     spec = dict((k, p[k]) for k in ct.MANAGED)
     spec["env"] = dict((str(k), str(v)) for k, v in spec["env"].items())
-    result = dict(changed=False, action="none", changed_fields=[])
+    spec["secret_env"] = dict((str(k), str(v)) for k, v in spec["secret_env"].items())
     try:
-        info = engine.inspect(name)
-        current = engine.state(info) if info else None
-        if p["state"] == "absent":
-            if current:
-                result.update(changed=True, action="remove")
-                if not module.check_mode:
-                    engine.remove(name)
-            module.exit_json(**result)
-        if p["state"] == "ready":
-            if not current:
-                module.fail_json(msg="%s: there is no such container" % name, **result)
-            if p["wait_ready"]:
-                result["ready_after"] = wait_ready(engine, name, p["wait_ready"])
-            elif not current["running"]:
-                raise ct.ContainerError("exited with code %s; last log lines:\n%s" % (current["exit_code"],
-                                                                                      engine.logs(name)))
-            st = engine.state(engine.inspect(name))
-            result.update(container_id=st["id"], started_at=st["started_at"])
-            module.exit_json(**result)
-        if p["state"] == "stopped":
-            if current and current["running"]:
-                result.update(changed=True, action="stop")
-                if not module.check_mode:
-                    engine.stop(name)
-            if current:
-                result["container_id"] = current["id"]
-            module.exit_json(**result)
-
-        wanted = ct.config_hash(spec)
-        result["config_hash"] = wanted
-        after = ct.public_spec(spec)
-        if current is None:
-            action = "create"
-            fields = list(ct.MANAGED)
-        elif current["hash"] != wanted or p["recreate"]:
-            action = "recreate"
-            fields = ct.differences(current["spec"], after) if current["spec"] else ["(unknown: not made by npuops)"]
-        elif not current["running"]:
-            action = "start"
-            fields = []
-        else:
-            action = "none"
-            fields = []
-        result.update(changed=action != "none", action=action, changed_fields=fields)
-        if module._diff and action in ("create", "recreate"):
-            result["diff"] = {"before": (current or {}).get("spec") or {}, "after": after}
-        if module.check_mode:
-            module.exit_json(**result)
-        if action == "recreate":
-            engine.remove(name)
-        if action in ("create", "recreate"):
-            engine.create(name, spec, p["secret_dir"])
-        elif action == "start":
-            engine.start(name)
-        if p["wait_ready"]:
-            result["ready_after"] = wait_ready(engine, name, p["wait_ready"])
-        st = engine.state(engine.inspect(name))
-        result.update(container_id=st["id"], started_at=st["started_at"])
+        result = ct.converge(engine, p["name"], spec, p["state"], recreate=p["recreate"], wait=p["wait_ready"],
+                             check_mode=module.check_mode, secret_dir=p["secret_dir"], stop_timeout=p["stop_timeout"])
     except ct.ContainerError as e:
-        result.update(e.extra)
-        module.fail_json(msg="%s: %s" % (name, e), **result)
+        module.fail_json(msg="%s: %s" % (p["name"], e), **e.extra)
+    if not module._diff:
+        result.pop("diff", None)
     module.exit_json(**result)
 
 

@@ -185,6 +185,8 @@ class Engine(object):
         # return garbage on every rank, not only theirs (filled in by the rendezvous)
         self.broken_peers = []
         self.complete = complete
+        # one step of every rank of the group per request (set by the rendezvous; none for a lone engine)
+        self.step = lambda: None
         self.kv = None
         self.engines = [Stats() for _ in range(max(1, dp_ranks))]
         self.next_engine = 0
@@ -292,6 +294,7 @@ class Engine(object):
         try:
             while wedged():
                 time.sleep(0.5)
+            self.step()
             toks = req["prompt_tokens"]
             hits = self.cache.lookup_and_insert(toks) if self.args.enable_prefix_caching else 0
             remote = req["kv"].get("do_remote_prefill")

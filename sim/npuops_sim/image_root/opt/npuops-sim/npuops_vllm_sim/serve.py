@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import queue
 import random
 import re
 import signal
@@ -109,7 +110,8 @@ def check_network():
             die("RuntimeError: [Gloo] %s=%s does not own HCCL_IF_IP=%s; connectFullMesh failed" % (var, nic, ip))
 
 
-def load_weights(path):
+def check_weights(path):
+    """The checkpoint's files, checked before the ranks meet (what vLLM reads first: config.json, the headers)."""
     if not os.path.isdir(path):
         die("OSError: %s does not exist (is the model directory mounted into the container?)" % path)
     if not os.path.exists(os.path.join(path, "config.json")):
@@ -129,15 +131,40 @@ def load_weights(path):
             except ValueError:
                 die("safetensors_rust.SafetensorError: invalid header in %s" % shard)
         total += os.path.getsize(shard)
-    time.sleep(min(3.0, total / 20e9))
-    log("INFO", "Loading weights took %.2f GB from %d shards" % (total / 1e9, len(shards)))
-    return total
+    return total, len(shards)
+
+
+def load_weights(total, shards):
+    # NPUOPS_SIM_LOAD_SECONDS (test infrastructure, given through the engine's environment) stretches the load
+    # to what a 1.5 TB checkpoint takes, so tests can act while the engines load
+    time.sleep(float(os.environ.get("NPUOPS_SIM_LOAD_SECONDS") or min(3.0, total / 20e9)))
+    log("INFO", "Loading weights took %.2f GB from %d shards" % (total / 1e9, shards))
 
 
 # ----------------------------------------------------------------------------------------- ranks
 
+class Member(object):
+    """A rank that joined the leader: its connection, and the answers to the steps the leader sent it."""
+
+    def __init__(self, f, peer, ranks):
+        self.f = f
+        self.peer = peer
+        self.ranks = ranks
+        self.answers = queue.Queue()
+        self.lock = threading.Lock()
+
+    def send(self, msg):
+        with self.lock:
+            self.f.write(json.dumps(msg) + "\n")
+            self.f.flush()
+
+
 class Group(object):
-    """The leader side of a rendezvous: ranks that joined over TCP, refused on mismatch or duplicates."""
+    """The leader side of a rendezvous: ranks that joined over TCP, refused on mismatch or duplicates.
+
+    Every request is a step every rank takes part in (vLLM's DP ranks step in lockstep, and an MoE layer's
+    all-to-all spans every EP rank), so one frozen or lost rank stalls its whole group until HCCL's execution
+    timeout, as on real clusters: the API still answers /health, but no token comes out."""
 
     def __init__(self, kind, expected, signature):
         self.kind = kind  # "node" (multinode) or "dp"
@@ -148,8 +175,30 @@ class Group(object):
         self.complete = threading.Event()
         self.members = []
         self.broken = []  # peers that joined without /etc/hccn.conf
+        self.step_lock = threading.Lock()
+        self.steps = 0
         if not self.expected:
             self.complete.set()
+
+    def step(self, exclude=None):
+        """One step with every member but `exclude`; blocks while one of them does not answer (HCCL's execution
+        timeout, HCCL_EXEC_TIMEOUT, then ends the engine as a real collective timeout does)."""
+        timeout = float(os.environ.get("HCCL_EXEC_TIMEOUT", "1836"))
+        with self.step_lock:
+            self.steps += 1
+            n = self.steps
+            members = [m for m in self.members if m is not exclude]
+            for m in members:
+                try:
+                    m.send({"step": n})
+                except OSError:
+                    pass
+            for m in members:
+                try:
+                    m.answers.get(timeout=timeout)
+                except queue.Empty:
+                    die("RuntimeError: [HCCL] collective timed out after %ds waiting for rank(s) %s at %s"
+                        % (timeout, m.ranks, m.peer))
 
     def listen(self, address, port):
         try:
@@ -199,15 +248,15 @@ class Group(object):
                     self.joined[r] = peer
                 if hello.get("hccn_conf") is False:
                     self.broken.append(peer)
-                self.members.append(f)
+                member = Member(f, peer, ranks)
+                self.members.append(member)
                 log("INFO", "%s rank(s) %s joined from %s (%d/%d)" % (self.kind, ranks, peer, len(self.joined),
                                                                       len(self.expected)))
                 if set(self.joined) == self.expected:
                     self.complete.set()
                     for m in self.members:
                         try:
-                            m.write(json.dumps({"complete": True}) + "\n")
-                            m.flush()
+                            m.send({"complete": True})
                         except OSError:
                             pass
         if err:
@@ -216,18 +265,33 @@ class Group(object):
             f.flush()
             conn.close()
             return
-        f.write(json.dumps({"ok": True, "complete": self.complete.is_set()}) + "\n")
-        f.flush()
-        # a member that goes away is an engine core that died: vLLM's leader fails with it
-        try:
-            while conn.recv(1024):
-                pass
-        except OSError:
-            pass
+        member.send({"ok": True, "complete": self.complete.is_set()})
+        # a member answers the steps the leader sends, asks for steps of its own (an external-DP rank serving a
+        # request), and going away is an engine core that died: vLLM's leader fails with it
+        while True:
+            try:
+                line = f.readline()
+            except OSError:
+                line = ""
+            if not line:
+                break
+            msg = json.loads(line)
+            if "step" in msg:
+                member.answers.put(msg)
+            elif "sync" in msg:
+                threading.Thread(target=self.sync_for, args=(member, msg["sync"]), daemon=True).start()
         with self.lock:
             gone = [r for r in ranks if self.joined.get(r) == peer]
         if gone:
             die("EngineDeadError: %s rank(s) %s at %s went away" % (self.kind, gone, peer))
+
+
+    def sync_for(self, member, n):
+        self.step(exclude=member)
+        try:
+            member.send({"synced": n})
+        except OSError:
+            pass
 
 
 def join(address, port, ranks, signature, timeout, hccn_conf=True):
@@ -255,17 +319,51 @@ def join(address, port, ranks, signature, timeout, hccn_conf=True):
     return conn, f, answer.get("complete", False)
 
 
-def follow(conn, f, complete):
-    """Wait for the group to complete; the engine dies when the leader goes away."""
-    def watch():
+class Follower(object):
+    """The member side after the rendezvous: answers the leader's steps, asks the leader for a step of the whole
+    group when this rank serves a request itself, and dies when the leader goes away."""
+
+    def __init__(self, conn, f, complete):
+        self.f = f
+        self.complete = complete
+        self.lock = threading.Lock()
+        self.waiting = {}
+        self.n = 0
+        threading.Thread(target=self.watch, daemon=True).start()
+
+    def send(self, msg):
+        with self.lock:
+            self.f.write(json.dumps(msg) + "\n")
+            self.f.flush()
+
+    def watch(self):
         while True:
-            line = f.readline()
+            line = self.f.readline()
             if not line:
                 die("EngineDeadError: the leader closed the connection")
-            if json.loads(line).get("complete"):
-                complete.set()
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
+            msg = json.loads(line)
+            if msg.get("complete"):
+                self.complete.set()
+            if "step" in msg:
+                self.send({"step": msg["step"]})
+            if "synced" in msg:
+                event = self.waiting.pop(msg["synced"], None)
+                if event:
+                    event.set()
+
+    def step(self):
+        timeout = float(os.environ.get("HCCL_EXEC_TIMEOUT", "1836"))
+        with self.lock:
+            self.n += 1
+            n = self.n
+            event = self.waiting[n] = threading.Event()
+        self.send({"sync": n})
+        if not event.wait(timeout):
+            die("RuntimeError: [HCCL] collective timed out after %ds waiting for the group's other ranks" % timeout)
+
+
+def follow(conn, f, complete):
+    return Follower(conn, f, complete)
 
 
 # ----------------------------------------------------------------------------------------- serve
@@ -323,13 +421,14 @@ def run(args):
                        "ENABLE enabled (%s is missing)" % HCCN_CONF)
         garbage = True
     check_shm(local_world)
-    load_weights(model_path)
+    weights = check_weights(model_path)
 
     signature = {"model": os.path.basename(model_path.rstrip("/")), "tp": tp, "pp": pp, "dp": dp,
                  "nnodes": args.nnodes, "kv_role": kv.get("kv_role")}
     ready_timeout = int(os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S", "600"))
     complete = threading.Event()
     group = None
+    follower = None
     host_ip = os.environ.get("VLLM_HOST_IP") or args.host or "0.0.0.0"
     if args.nnodes > 1:
         if args.node_rank == 0:
@@ -341,7 +440,7 @@ def run(args):
                                  not garbage)
             if done:
                 complete.set()
-            follow(conn, f, complete)
+            follower = follow(conn, f, complete)
     elif dp > 1:
         start = args.data_parallel_rank if args.data_parallel_rank is not None else \
             (args.data_parallel_start_rank or 0)
@@ -362,14 +461,20 @@ def run(args):
                                  ready_timeout, not garbage)
             if done:
                 complete.set()
-            follow(conn, f, complete)
+            follower = follow(conn, f, complete)
     else:
         complete.set()
 
+    # the ranks have met (or are dialling in the background); each engine now loads its weights, and the API
+    # answers only when they are loaded
+    load_weights(*weights)
     engine = lm.Engine(served, model_path, args, garbage=garbage, dp_ranks=dp if args.data_parallel_rank is None
                        else 1, complete=complete)
     if group is not None:
         engine.broken_peers = group.broken
+        engine.step = group.step
+    elif follower is not None:
+        engine.step = follower.step
     if kv:
         dp_rank = args.data_parallel_rank or 0
         engine.kv = lm.KvConnector(kv, host_ip, int(kv.get("kv_port", 14579)) + dp_rank * tp * pp)

@@ -62,18 +62,6 @@ def test_the_sim_matrix_is_small():
     assert sum(p.get("num_prompts", 0) or p.get("sessions", 0) * p.get("turns", 0) for p in points) < 200
 
 
-def test_rollout_outcome_names_every_stage_and_none_for_those_not_run():
-    plan = {"endpoint": "http://10.0.0.1:8000", "tier": "2node_pp", "hosts": {"b": {}, "a": {}}}
-    out = bench.rollout_outcome(plan, {"served_model_name": "kimi-k3"},
-                                preflight={"ok": True, "go": True, "failures": [], "table": ["x"]},
-                                validate={"ok": True, "checks": [{"name": "chat", "ok": True}]})
-    assert out["ok"] and out["endpoint"] == "http://10.0.0.1:8000" and out["nodes"] == ["a", "b"]
-    assert out["preflight"] == {"ok": True, "go": True, "failures": []}
-    assert out["weights"] is None and out["bench"] is None and out["bench_report"] is None
-    failed = bench.rollout_outcome(plan, {}, failed={"task": "Stop before the weight load", "msg": "m"})
-    assert failed["ok"] is False and failed["failed"]["task"].startswith("Stop")
-
-
 def test_printed_rows():
     assert bench.probe_row({"name": "chat", "ok": False, "latency_s": 0.5, "detail": "wrong"}).split() == [
         "chat", "FAIL", "0.500s", "wrong"]

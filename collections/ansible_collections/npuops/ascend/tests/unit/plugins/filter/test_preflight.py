@@ -145,3 +145,33 @@ def test_image_requirement_by_tag():
     assert preflight.image_requirement("registry:5000/vllm-ascend:v0.23.0@sha256:ab", reqs)["tag"] == "v0.23.0"
     assert preflight.image_generation("m.daocloud.io/quay.io/ascend/vllm-ascend:v0.23.0-a3-openeuler") == "A3"
     assert preflight.image_generation("quay.io/ascend/vllm-ascend:v0.23.0-openeuler") == "A2"
+
+
+def test_the_services_own_engine_ports_and_npu_memory_are_not_conflicts_but_a_stranger_is():
+    c = cluster()
+    c["node01"]["npu"]["processes"] = [{"card": 0, "chip": 0, "pid": 4475, "name": "python3", "memory_mb": 52000},
+                                       {"card": 0, "chip": 1, "pid": 999, "name": "train.py", "memory_mb": 30000}]
+    c["node01"]["host_check"].update(service_pids=[4475, 4476], held_by_service=[{"port": 8000,
+                                                                                  "owner": "4475 (python3)"}])
+    c["node02"]["host_check"]["failed_checks"] = [{"check": "port_free", "observed": "port 8000 is in use by 77 (nc)",
+                                                   "expected": "port 8000 free", "fix": "stop it", "port": 8000}]
+    rep = report(c)
+    assert checks(rep) == [("node01", "hbm_free", 1), ("node02", "port_free", None)]
+    assert sorted((r["host"], r["check"], r["device"]) for r in rep["service"]) == [
+        ("node01", "hbm_free", 0), ("node01", "port_free", None)]
+    assert any("port_free (service)" in line and "held by the service" in line for line in rep["table"])
+
+
+def test_workers_dial_the_live_listener_where_the_leader_serves():
+    hv = {"node01": {"r": {"held_by_service": [{"port": 13389, "owner": "4475 (python3)"}]}}, "node05": {"r": {}}}
+    reach = [{"host": "node01", "address": "10.0.0.11", "port": 13389}]
+    assert preflight.reach_targets(reach, hv, "r") == [dict(reach[0], live=True)]
+    reach = [{"host": "node05", "address": "10.0.0.15", "port": 13389}]
+    assert preflight.reach_targets(reach, hv, "r") == [dict(reach[0], live=False)]
+
+
+def test_a_failed_reach_check_is_a_row_of_the_worker():
+    c = cluster()
+    c["node03"]["reach_check"] = {"changed": False, "failed_checks": [{
+        "check": "reach", "observed": "10.0.0.11:13389 (node01) timed out", "expected": "TCP connect", "fix": "open"}]}
+    assert checks(report(c)) == [("node03", "reach", None)]

@@ -97,6 +97,50 @@ def test_per_host_overrides_reach_the_argv_and_the_peer_check():
 
 
 def test_failures_are_read_from_the_registered_results():
-    hv = {"a": {"r": {"changed": False, "msg": "vllm: exited with code 1"}}, "b": {"r": {"changed": False}},
-          "c": {"r": {"skipped": True, "msg": "x"}}}
-    assert serve.serve_failures(hv, ["a", "b", "c"], "r") == ["a: vllm: exited with code 1"]
+    hv = {"a": {"r": {"changed": False, "failed": False, "msg": "vllm: exited with code 1"}},
+          "b": {"r": {"changed": False, "ready_after": 3.0}},
+          "c": {"r": {"skipped": True, "msg": "x"}},
+          "d": {"r": {"unreachable": True, "msg": "ssh: connect timed out"}},
+          "e": {"r": {"aborted": True, "msg": "stopped waiting for vllm: a failed"}}}
+    assert serve.serve_failures(hv, ["e", "a", "b", "c", "d"], "r") == [
+        "a: vllm: exited with code 1", "d: unreachable (ssh: connect timed out)",
+        "e: stopped waiting for vllm: a failed"]
+
+
+def preview(action, started=True, changes=()):
+    return {"action": action, "changes": list(changes), "started_at": "t0" if started else None}
+
+
+def test_only_the_groups_that_change_restart_and_the_lines_say_why():
+    _out, plan, hv, _t = containers("8p8d_pd", 16, extra_groups=lambda g: {"prefill": g["npu_nodes"][:8],
+                                                                           "decode": g["npu_nodes"][8:]},
+                                    npuops_proxy_host="node01")
+    for h in plan["hosts"]:
+        hv[h]["p"] = preview("none")
+    hv["node12"]["p"] = preview("recreate", changes=["--max-num-seqs: 16 -> 8"])
+    d = serve.serve_restarts(hv, plan, "p", active=list(plan["hosts"]))
+    assert d["restart"] == ["main/decode"] and d["restart_hosts"] == ["node%02d" % i for i in range(9, 17)]
+    assert d["lines"][0] == "node12 (recreate): --max-num-seqs: 16 -> 8"
+    assert "node09 (restart with its group main/decode)" in d["lines"]
+    assert d["interrupts"] == ["main"] and d["interrupts_service"] and d["problems"] == []
+    hv["node10"]["p"] = preview("start", started=False)  # an engine of the group is down: the group is not serving
+    d = serve.serve_restarts(hv, plan, "p", active=list(plan["hosts"]))
+    assert d["interrupts"] == [] and not d["interrupts_service"]
+    for h in plan["hosts"]:
+        hv[h]["p"] = preview("none")
+    assert serve.serve_restarts(hv, plan, "p", active=list(plan["hosts"]))["restart"] == []
+    d = serve.serve_restarts(hv, plan, "p", force=["main/prefill"], active=list(plan["hosts"])[1:])
+    assert d["restart"] == ["main/prefill"] and d["problems"] == [
+        "node01: not in the play any more (unreachable or failed before this stage)"]
+
+
+def test_a_change_in_one_of_two_instances_does_not_interrupt_the_service():
+    groups, hv = inventory(8)
+    for i, h in enumerate(groups["npu_nodes"]):
+        hv[h].update(npuops_instance="a" if i < 4 else "b", p=preview("none"))
+    plan = topology.plan_topology(groups, hv, tier_spec("4node_dp"))
+    hv["node06"]["p"] = preview("recreate", changes=["image: x -> y"])
+    d = serve.serve_restarts(hv, plan, "p")
+    assert d["restart"] == ["b/main"] and d["interrupts"] == ["b"] and not d["interrupts_service"]
+
+

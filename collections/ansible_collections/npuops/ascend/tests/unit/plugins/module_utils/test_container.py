@@ -9,23 +9,31 @@ import os
 import pytest
 
 from ansible_collections.npuops.ascend.plugins.module_utils import container as ct
+from ansible_collections.npuops.ascend.plugins.module_utils import proc
 
-SPEC = {"image": "quay.io/ascend/vllm-ascend:v0.23.0-a3", "command": ["vllm", "serve", "/m"], "env": {"A": "1"},
-        "secret_env": {"VLLM_API_KEY": "hunter2"}, "devices": ["/dev/davinci0"], "mounts": ["/etc/hccn.conf:/etc/hccn.conf:ro"],
-        "shm_size": "16g", "network": "host", "privileged": False, "labels": {}, "restart_policy": None}
+SPEC = {"image": "quay.io/ascend/vllm-ascend:v0.23.0-a3", "command": ["vllm", "serve", "/m", "--max-num-seqs", "16",
+                                                                     "--enable-expert-parallel"],
+        "env": {"A": "1", "HCCL_BUFFSIZE": "256"}, "secret_env": {"VLLM_API_KEY": "hunter2"},
+        "devices": ["/dev/davinci0"], "mounts": ["/etc/hccn.conf:/etc/hccn.conf:ro"], "shm_size": "16g",
+        "network": "host", "privileged": False, "labels": {"io.npuops.role": "leader"}, "restart_policy": None}
 
 
 class FakeCli(object):
-    """docker's CLI over an in-memory table of containers, recording every call."""
+    """A container CLI over an in-memory table of containers, recording every call (argv, stdin)."""
 
     def __init__(self):
         self.containers = {}
+        self.secrets = {}
         self.calls = []
         self.logs = "line1\nline2"
+        self.hang = None
+        self.started = 0
 
-    def __call__(self, argv):
-        self.calls.append(argv)
+    def __call__(self, argv, timeout, data=None):
+        self.calls.append((argv, data))
         verb = argv[1]
+        if self.hang == verb:
+            return proc.TIMED_OUT, "", "(killed after %ss)" % timeout
         if verb == "inspect":
             name = argv[-1]
             if name not in self.containers:
@@ -37,8 +45,10 @@ class FakeCli(object):
             env_file = argv[argv.index("--env-file") + 1] if "--env-file" in argv else None
             self.env_file_seen = (env_file, open(env_file).read() if env_file else None,
                                   oct(os.stat(env_file).st_mode & 0o777) if env_file else None)
-            self.containers[name] = {"Id": "c0ffee", "State": {"Running": True, "ExitCode": 0, "StartedAt": "t1"},
-                                     "Config": {"Labels": labels}}
+            self.started += 1
+            self.containers[name] = {"Id": "c0ffee%d" % self.started, "State": {
+                "Running": True, "ExitCode": 0, "StartedAt": "t%d" % self.started, "Pid": 4242},
+                "Config": {"Labels": labels}}
             return 0, "c0ffee\n", ""
         if verb == "rm":
             self.containers.pop(argv[-1], None)
@@ -47,38 +57,161 @@ class FakeCli(object):
             self.containers[argv[-1]]["State"]["Running"] = False
             return 0, "", ""
         if verb == "start":
-            self.containers[argv[-1]]["State"]["Running"] = True
+            self.started += 1
+            self.containers[argv[-1]]["State"].update(Running=True, StartedAt="t%d" % self.started)
             return 0, "", ""
         if verb == "logs":
             return 0, self.logs, ""
+        if verb == "secret":
+            if argv[2] == "create":
+                self.secrets[argv[3]] = data
+            else:
+                self.secrets.pop(argv[3], None)
+            return 0, "", ""
         return 1, "", "unknown verb"
 
 
-def test_create_then_nothing_then_recreate_on_change(tmp_path):
-    cli = FakeCli()
-    eng = ct.Engine("/usr/bin/docker", cli)
-    assert eng.inspect("vllm") is None
-    eng.create("vllm", SPEC, str(tmp_path / "run"))
-    st = eng.state(eng.inspect("vllm"))
-    assert st["running"] and st["hash"] == ct.config_hash(SPEC)
-    assert st["spec"]["secret_env"]["VLLM_API_KEY"].startswith("sha256:")
-    run = cli.calls[-1]
-    assert "hunter2" not in " ".join(run)  # the secret is in no argv
+def engine(cli_name="docker", cli=None):
+    cli = cli or FakeCli()
+    return ct.Engine("/usr/bin/" + cli_name, cli), cli
+
+
+def converge(eng, tmp_path, spec=SPEC, state="started", **kw):
+    return ct.converge(eng, "vllm", spec, state, secret_dir=str(tmp_path / "run"),
+                       key_path=str(tmp_path / "key" / "digest.key"), **kw)
+
+
+@pytest.mark.parametrize("current,state,recreate,action", [
+    (None, "started", False, "create"),
+    ({"hash": "h", "running": True}, "started", False, "none"),
+    ({"hash": "old", "running": True}, "started", False, "recreate"),
+    ({"hash": "h", "running": True}, "started", True, "recreate"),
+    ({"hash": "h", "running": False}, "started", False, "start"),
+    ({"hash": "old", "running": False}, "started", False, "recreate"),
+    ({"hash": "h", "running": True}, "stopped", False, "stop"),
+    ({"hash": "h", "running": False}, "stopped", False, "none"),
+    (None, "stopped", False, "none"),
+    ({"hash": "h", "running": False}, "absent", False, "remove"),
+    (None, "absent", False, "none"),
+    ({"hash": "h", "running": True}, "ready", False, "none"),
+])
+def test_every_transition_of_the_state_machine(current, state, recreate, action):
+    assert ct.transition(current, state, "h", recreate) == action
+
+
+def test_create_then_nothing_then_recreate_on_change_with_every_change_named(tmp_path):
+    eng, cli = engine()
+    first = converge(eng, tmp_path)
+    assert first["action"] == "create" and first["changed"] and first["started_at"] == "t1"
+    assert converge(eng, tmp_path)["action"] == "none" and len(cli.containers) == 1
+    changed = dict(SPEC, command=["8" if a == "16" else a for a in SPEC["command"]], env={"A": "1", "HCCL_BUFFSIZE": "512"},
+                   devices=["/dev/davinci0", "/dev/davinci1"])
+    res = converge(eng, tmp_path, changed)
+    assert res["action"] == "recreate" and res["started_at"] == "t2"
+    assert res["changes"] == ["--max-num-seqs: 16 -> 8", "env HCCL_BUFFSIZE: 256 -> 512", "devices +/dev/davinci1"]
+    assert res["changed_fields"] == ["command", "devices", "env"]
+    assert res["diff"]["before"]["command"]["--max-num-seqs"] == "16"
+    assert res["diff"]["after"]["command"] == {"program": "vllm serve /m", "--max-num-seqs": "8",
+                                               "--enable-expert-parallel": True}
+
+
+def test_a_stopped_container_is_started_and_a_running_one_stopped_and_removed(tmp_path):
+    eng, cli = engine()
+    converge(eng, tmp_path)
+    assert converge(eng, tmp_path, state="stopped")["action"] == "stop"
+    assert converge(eng, tmp_path, state="stopped")["action"] == "none"
+    res = converge(eng, tmp_path)
+    assert res["action"] == "start" and res["started_at"] == "t2" and res["changes"] == []
+    assert converge(eng, tmp_path, state="absent")["action"] == "remove" and cli.containers == {}
+    assert converge(eng, tmp_path, state="absent")["action"] == "none"
+
+
+def test_check_mode_reports_and_does_nothing_even_for_a_container_that_does_not_exist(tmp_path):
+    eng, cli = engine()
+    res = converge(eng, tmp_path, check_mode=True)
+    assert res["action"] == "create" and res["changed"] and res["changes"] == ["(all): (unset) -> created"]
+    assert res["diff"]["before"] == {} and res["diff"]["after"]["image"] == SPEC["image"]
+    assert cli.containers == {} and not any(c[0][1] in ("run", "secret") for c in cli.calls)
+    waited = []
+    res = converge(eng, tmp_path, state="ready", check_mode=True, wait={"url": "http://x/health", "timeout": 600},
+                   waiter=lambda *a, **k: waited.append(a))
+    assert res["changed"] is False and "not waiting" in res["msg"] and waited == []
+    with pytest.raises(ct.ContainerError, match="no such container"):
+        converge(eng, tmp_path, state="ready")
+
+
+def test_ready_waits_for_an_existing_container_and_fails_with_this_runs_log(tmp_path):
+    eng, cli = engine()
+    converge(eng, tmp_path)
+    res = converge(eng, tmp_path, state="ready", wait={"url": "http://x/health", "timeout": 60},
+                   waiter=lambda *a, **k: 1.5)
+    assert res["ready_after"] == 1.5 and not res["changed"]
+    cli.containers["vllm"]["State"].update(Running=False, ExitCode=3)
+    with pytest.raises(ct.ContainerError, match=r"(?s)exited with code 3.*line2") as e:
+        converge(eng, tmp_path, state="ready")
+    assert e.value.extra["exit_code"] == 3
+    logs = [c[0] for c in cli.calls if c[0][1] == "logs"][-1]
+    assert logs[logs.index("--since") + 1] == "t1"  # only the lines of this start
+
+
+def test_secrets_reach_no_argv_and_labels_carry_only_a_keyed_digest(tmp_path):
+    eng, cli = engine("docker")
+    converge(eng, tmp_path)
+    run = [c[0] for c in cli.calls if c[0][1] == "run"][0]
+    assert "hunter2" not in " ".join(run)
     env_file, content, mode = cli.env_file_seen
     assert content == "VLLM_API_KEY=hunter2\n" and mode == "0o600" and not os.path.exists(env_file)
-    changed = dict(SPEC, env={"A": "2"})
-    assert ct.config_hash(changed) != st["hash"]
-    assert ct.differences(st["spec"], ct.public_spec(changed)) == ["env"]
-    assert ct.differences(st["spec"], ct.public_spec(dict(SPEC, secret_env={"VLLM_API_KEY": "new"}))) == ["secret_env"]
+    labels = cli.containers["vllm"]["Config"]["Labels"]
+    spec = ct.Engine.state(cli.containers["vllm"])["spec"]
+    digest = spec["secret_env"]["VLLM_API_KEY"]
+    assert digest.startswith("hmac-sha256:")
+    import hashlib
+    plain = hashlib.sha256(b"hunter2").hexdigest()
+    assert plain[:16] not in json.dumps(labels) and plain[:16] not in digest
+    assert oct(os.stat(str(tmp_path / "key" / "digest.key")).st_mode & 0o777) == "0o600"
+    res = converge(eng, tmp_path, dict(SPEC, secret_env={"VLLM_API_KEY": "new"}))
+    assert res["action"] == "recreate" and res["changes"] == ["secret_env VLLM_API_KEY: (secret) -> (secret)"]
+    assert "new" not in json.dumps(res["diff"]) and "hunter2" not in json.dumps(res["diff"])
+
+
+def test_podman_passes_secrets_through_its_secret_store(tmp_path):
+    eng, cli = engine("podman")
+    converge(eng, tmp_path)
+    run = [c[0] for c in cli.calls if c[0][1] == "run"][0]
+    assert "--env-file" not in run and "hunter2" not in " ".join(run)
+    assert run[run.index("--secret") + 1] == "npuops-vllm-vllm-api-key,type=env,target=VLLM_API_KEY"
+    assert cli.secrets == {"npuops-vllm-vllm-api-key": "hunter2"}  # given on stdin, never argv
+    converge(eng, tmp_path, state="absent")
+    assert cli.secrets == {}
+
+
+def test_a_wedged_cli_fails_the_call_naming_it(tmp_path):
+    eng, cli = engine()
+    cli.hang = "inspect"
+    with pytest.raises(ct.ContainerError, match=r"/usr/bin/docker inspect --type container did not answer within 60s"):
+        converge(eng, tmp_path)
+
+
+def test_isula_inspect_has_no_type_flag(tmp_path):
+    eng, cli = engine("isula")
+    converge(eng, tmp_path)
+    assert [c[0][1:3] for c in cli.calls if c[0][1] == "inspect"][0] == ["inspect", "vllm"]
+
+
+def test_argv_flags_reads_values_lists_and_switches():
+    program, flags = ct.argv_flags(["python3", "proxy.py", "--port", "8080", "--prefiller-hosts", "a", "b",
+                                    "--prefiller-ports", "1", "2", "--verbose"])
+    assert program == "python3 proxy.py"
+    assert flags == {"--port": "8080", "--prefiller-hosts": "a b", "--prefiller-ports": "1 2", "--verbose": True}
 
 
 def test_run_argv_carries_every_managed_field():
-    argv = ct.Engine("/usr/bin/podman", FakeCli()).run_argv("vllm", SPEC)
+    argv = ct.Engine("/usr/bin/docker", FakeCli()).run_argv("vllm", SPEC, key=b"k", env_file="/run/x.env")
     joined = " ".join(argv)
     for part in ("--net host", "--shm-size 16g", "--device /dev/davinci0", "-v /etc/hccn.conf:/etc/hccn.conf:ro",
-                 "-e A=1"):
+                 "-e A=1", "--label io.npuops.role=leader", "--env-file /run/x.env"):
         assert part in joined
-    assert argv[-4:] == [SPEC["image"], "vllm", "serve", "/m"]
+    assert argv[-7:] == [SPEC["image"]] + SPEC["command"]
 
 
 def clock_and_sleep():
@@ -87,9 +220,8 @@ def clock_and_sleep():
 
 
 def test_wait_ready_fails_fast_when_the_container_exits(tmp_path):
-    cli = FakeCli()
-    eng = ct.Engine("/usr/bin/docker", cli)
-    eng.create("vllm", SPEC, str(tmp_path))
+    eng, cli = engine()
+    converge(eng, tmp_path)
     cli.containers["vllm"]["State"].update(Running=False, ExitCode=1)
     clock, sleep = clock_and_sleep()
     with pytest.raises(ct.ContainerError, match=r"(?s)exited with code 1 before http://x/health answered.*line2") as e:
@@ -98,9 +230,8 @@ def test_wait_ready_fails_fast_when_the_container_exits(tmp_path):
 
 
 def test_wait_ready_names_an_unreachable_peer_and_respects_the_timeout(tmp_path, monkeypatch):
-    cli = FakeCli()
-    eng = ct.Engine("/usr/bin/docker", cli)
-    eng.create("vllm", SPEC, str(tmp_path))
+    eng, cli = engine()
+    converge(eng, tmp_path)
     monkeypatch.setattr(ct, "http_ok", lambda url, timeout=3.0: False)
     monkeypatch.setattr(ct, "tcp_ok", lambda hp, timeout=2.0: False)
     clock, sleep = clock_and_sleep()
@@ -114,3 +245,27 @@ def test_wait_ready_names_an_unreachable_peer_and_respects_the_timeout(tmp_path,
     assert ct.wait_ready(eng, "vllm", "http://x/health", 30, clock=clock, sleep=sleep) == 0
     clock, sleep = clock_and_sleep()
     assert ct.wait_ready(eng, "vllm", None, 10, clock=clock, sleep=sleep) >= 10  # stays up for 10 s: fine
+
+
+def test_proc_run_kills_a_command_that_hangs_and_its_children():
+    import time
+    t0 = time.time()
+    rc, _out, err = proc.run(["sh", "-c", "sleep 30 & sleep 30"], timeout=1)
+    assert rc == proc.TIMED_OUT and "killed after 1s" in err and time.time() - t0 < 5
+    assert proc.run(["sh", "-c", "cat; echo err >&2"], 5, data="in") == (0, "in", "err\n")
+    assert proc.run(["/nonexistent/tool"], 5)[0] == 127
+
+
+def test_a_sliced_wait_carries_the_peer_count_from_slice_to_slice(tmp_path, monkeypatch):
+    eng, cli = engine()
+    converge(eng, tmp_path)
+    monkeypatch.setattr(ct, "http_ok", lambda url, timeout=3.0: False)
+    monkeypatch.setattr(ct, "tcp_ok", lambda hp, timeout=2.0: False)
+    clock, sleep = clock_and_sleep()
+    with pytest.raises(ct.ContainerError, match="did not answer within 10s") as first:
+        ct.wait_ready(eng, "vllm", "http://x/health", 10, peers=["10.0.0.11:13389"], clock=clock, sleep=sleep)
+    assert first.value.extra["timed_out"] and first.value.extra["missed"]["10.0.0.11:13389"] >= 10
+    clock, sleep = clock_and_sleep()
+    with pytest.raises(ct.ContainerError, match="cannot reach 10.0.0.11:13389 for 15s"):
+        ct.wait_ready(eng, "vllm", "http://x/health", 10, peers=["10.0.0.11:13389"], clock=clock, sleep=sleep,
+                      missed=first.value.extra["missed"])

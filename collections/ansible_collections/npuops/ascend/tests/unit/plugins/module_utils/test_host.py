@@ -34,12 +34,12 @@ def test_ports_free_reads_listeners_and_names_the_owner(tmp_path):
     sock.listen(1)
     port = sock.getsockname()[1]
     try:
-        problems = host.check_ports_free([port])
+        problems, _held = host.check_ports_free([port])
         assert problems and problems[0]["port"] == port
         assert "%d (" % os.getpid() in problems[0]["observed"]
     finally:
         sock.close()
-    assert host.check_ports_free([port]) == []
+    assert host.check_ports_free([port]) == ([], [])
 
 
 def test_ports_free_from_a_proc_snapshot(tmp_path):
@@ -48,7 +48,7 @@ def test_ports_free_from_a_proc_snapshot(tmp_path):
         "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
         "   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1\n"
         "   1: 0100007F:3446 0100007F:1F40 01 00000000:00000000 00:00000000 00000000     0        0 4243 1\n")
-    problems = host.check_ports_free([8000, 13382], proc_root=str(tmp_path))
+    problems, _held = host.check_ports_free([8000, 13382], proc_root=str(tmp_path))
     assert [p["port"] for p in problems] == [8000]  # 13382 is only a client connection, not a listener
 
 
@@ -100,6 +100,8 @@ def test_listener_answers_reach_checks_then_goes_away():
     port = free_port()
     pid, problems = host.start_listener(sys.executable, "127.0.0.1", [port], "s3cret", seconds=10, expect=1)
     assert problems == [] and pid
+    with open("/proc/%d/cmdline" % pid, "rb") as f:
+        assert b"s3cret" not in f.read()  # the token reached it on stdin: `ps` cannot show it
     results, problems = host.check_reach([{"host": "leader", "address": "127.0.0.1", "port": port}], "s3cret", 5)
     assert results[0]["ok"] and problems == []
     deadline = time.time() + 5
@@ -110,7 +112,7 @@ def test_listener_answers_reach_checks_then_goes_away():
         except OSError:
             break
         time.sleep(0.05)
-    assert host.check_ports_free([port]) == []
+    assert host.check_ports_free([port]) == ([], [])
 
 
 def test_reach_tells_a_foreign_listener_from_ours_and_times_out_on_nothing():
@@ -145,3 +147,42 @@ def test_listener_on_a_busy_port_reports_it():
 @pytest.mark.parametrize("n,text", [(3 * host.GIB, "3.0 GiB"), (64 * 1024 * 1024, "64 MiB")])
 def test_human_sizes(n, text):
     assert host.human(n) == text
+
+
+def test_processes_of_a_container_are_found_by_the_id_in_their_cgroup(tmp_path):
+    cid = "5f1c" * 16
+    for pid, cgroup in ((10, "8:pids:/libpod_parent/libpod-%s\n" % cid), (11, "0::/docker/%s\n" % cid),
+                        (12, "8:pids:/libpod_parent/libpod-%s\n" % ("ab" * 32)), (13, "0::/\n")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(cgroup)
+    assert host.container_pids(cid, proc_root=str(tmp_path)) == {10, 11}
+    assert host.container_pids("", proc_root=str(tmp_path)) == set()
+
+
+def test_a_port_held_by_the_service_is_held_not_a_problem():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    port = sock.getsockname()[1]
+    try:
+        problems, held = host.check_ports_free([port], service_pids=[os.getpid()])
+        assert problems == [] and held == [{"port": port, "owner": "%d (%s)" % (
+            os.getpid(), open("/proc/self/comm").read().strip())}]
+        problems, held = host.check_ports_free([port], service_pids=[1])
+        assert held == [] and "port %d is in use by %d" % (port, os.getpid()) in problems[0]["observed"]
+    finally:
+        sock.close()
+
+
+def test_a_live_target_is_reached_by_a_plain_connect():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+    port = sock.getsockname()[1]
+    try:
+        results, problems = host.check_reach([{"address": "127.0.0.1", "port": port, "live": True}], "t", 2)
+        assert problems == [] and results[0]["detail"] == "reached the running service"
+        results, problems = host.check_reach([{"address": "127.0.0.1", "port": port}], "t", 1)
+        assert problems[0]["observed"].endswith("timed out")  # a listener that is not ours does not say the token
+    finally:
+        sock.close()

@@ -1,0 +1,38 @@
+# -*- coding: utf-8 -*-
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible_collections.npuops.ascend.plugins.filter import outcome
+
+
+def test_rollout_outcome_names_every_stage_and_none_for_those_not_run():
+    plan = {"endpoint": "http://10.0.0.1:8000", "tier": "2node_pp", "hosts": {"b": {}, "a": {}},
+            "instances": {"main": {"endpoint": "http://10.0.0.1:8000", "hosts": ["a", "b"]}}}
+    out = outcome.rollout_outcome(plan, {"served_model_name": "kimi-k3"},
+                                  preflight={"ok": True, "go": True, "failures": [], "table": ["x"]},
+                                  validate={"ok": True, "checks": [{"name": "chat", "ok": True}]},
+                                  deploy={"restart": ["main/main"], "lines": ["a (create): (all)"]})
+    assert out["ok"] and out["endpoint"] == "http://10.0.0.1:8000" and out["nodes"] == ["a", "b"]
+    assert out["instances"] == {"main": {"endpoint": "http://10.0.0.1:8000", "hosts": ["a", "b"]}}
+    assert out["preflight"] == {"ok": True, "go": True, "failures": []}
+    assert out["deploy"] == {"restarted": ["main/main"], "changes": ["a (create): (all)"]}
+    assert out["weights"] is None and out["bench"] is None and out["bench_report"] is None
+    failed = outcome.rollout_outcome(plan, {}, failed={"task": "Stop before the weight load", "msg": "m"})
+    assert failed["ok"] is False and failed["failed"]["task"].startswith("Stop")
+
+
+def test_the_failure_names_the_hosts_that_failed_not_those_stopped_because_of_them():
+    hv = {"a": {"f": None}, "b": {"f": {"task": "Pull the weights", "msg": "checksum of x differs"}},
+          "c": {"f": {"task": "Pull the weights", "msg": "unreachable"}}}
+    got = outcome.site_failures(hv, ["a", "b", "c"], "f")
+    assert got == {"task": "Pull the weights", "hosts": [
+        {"host": "b", "task": "Pull the weights", "msg": "checksum of x differs"},
+        {"host": "c", "task": "Pull the weights", "msg": "unreachable"}],
+        "msg": "b: checksum of x differs; c: unreachable"}
+    assert outcome.site_failures({"a": {}}, ["a"], "f") is None
+
+
+def test_unreachable_hosts_are_named_with_why():
+    hv = {"a": {"r": {"ping": "pong"}}, "b": {"r": {"unreachable": True, "msg": "Failed to connect\nssh: timed out"}}}
+    assert outcome.unreachable_hosts(hv, ["a", "b"], "r") == ["b: ssh: timed out"]

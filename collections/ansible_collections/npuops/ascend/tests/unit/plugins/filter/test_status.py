@@ -1,0 +1,67 @@
+# -*- coding: utf-8 -*-
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible_collections.npuops.ascend.plugins.filter import serve, status, topology
+from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, presets, tier_spec
+
+OPTS = {"model_dir": "/data/models/k3", "image": "quay.io/ascend/vllm-ascend:v0.23.0-a3"}
+
+
+def setup(n=4, instances=1):
+    groups, hv = inventory(n * instances)
+    if instances > 1:
+        for i, h in enumerate(groups["npu_nodes"]):
+            hv[h]["npuops_instance"] = "ab"[i // n]
+    tier = tier_spec("4node_dp")
+    plan = topology.plan_topology(groups, hv, tier)
+    containers = serve.serve_containers(plan, hv, tier, presets()["kimi_k3_w4a8"], OPTS)
+    for h in plan["hosts"]:
+        hv[h]["c"] = {"containers": {"vllm": {"exists": True, "running": True, "ours": True, "status": "running"}}}
+    return plan, hv, containers
+
+
+def probe(ok=True, health=True, detail="a token in 0.10s"):
+    return {"front": {"ok": ok, "seconds": 0.1, "detail": detail if ok else "no token within 10s"},
+            "front_health": {"ok": health, "status": 200 if health else None, "detail": "/health -> 200"},
+            "engines": {}}
+
+
+def test_every_container_up_and_a_token_is_healthy():
+    plan, hv, containers = setup()
+    got = status.service_status(plan, hv, containers, "c", {"main": probe()})
+    assert got["healthy"] and got["state"] == "healthy"
+    assert got["instances"]["main"]["state"] == "healthy" and got["instances"]["main"]["problems"] == []
+
+
+def test_a_wedged_engine_answers_health_but_no_token_and_is_down():
+    plan, hv, containers = setup()
+    got = status.service_status(plan, hv, containers, "c", {"main": probe(ok=False)})
+    main = got["instances"]["main"]
+    assert not got["healthy"] and main["state"] == "down"
+    assert main["reason"] == ("no token within 10s through http://10.0.0.11:8000 although /health -> 200 answers "
+                              "(a wedged engine)")
+
+
+def test_an_exited_worker_and_an_unreachable_host_are_named():
+    plan, hv, containers = setup()
+    hv["node03"]["c"] = {"containers": {"vllm": {"exists": True, "running": False, "ours": True, "status": "exited",
+                                                 "exit_code": 137, "log": "a\nEngineDeadError: gone\n"}}}
+    hv["node04"]["c"] = {"unreachable": True, "msg": "Failed to connect to the host via ssh: timed out"}
+    main = status.service_status(plan, hv, containers, "c", {"main": probe(ok=False, health=False)})["instances"]["main"]
+    assert main["state"] == "down" and main["problems"] == [
+        "node03: container vllm exited (exit code 137); last log line: EngineDeadError: gone",
+        "node04: unreachable (Failed to connect to the host via ssh: timed out)"]
+    degraded = status.service_status(plan, hv, containers, "c", {"main": probe()})
+    assert degraded["instances"]["main"]["state"] == "degraded" and degraded["state"] == "degraded"
+
+
+def test_with_two_instances_one_down_the_service_is_degraded_and_recover_takes_only_that_one():
+    plan, hv, containers = setup(4, 2)
+    got = status.service_status(plan, hv, containers, "c", {"a": probe(ok=False), "b": probe()})
+    assert got["state"] == "degraded" and not got["healthy"]
+    assert [got["instances"][n]["state"] for n in ("a", "b")] == ["down", "healthy"]
+    assert status.unhealthy_groups(plan, got) == ["a/main"]
+    targets = status.status_probe_targets(plan, "kimi-k3")
+    assert [t["url"] for t in targets] == ["http://10.0.0.11:8000", "http://10.0.0.15:8000"]
