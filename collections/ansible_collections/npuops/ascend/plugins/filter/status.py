@@ -71,11 +71,11 @@ def service_status(plan, hostvars, containers, key, probes):
         fh = probe.get("front_health") or {}
         if front.get("ok"):
             state = HEALTHY if not problems else DEGRADED
-            reason = "a token in %.2fs through %s" % (front.get("seconds", 0), inst["endpoint"]) if not problems \
-                else "; ".join(problems)
+            reason = "a token in %.2fs through %s (%s)" % (front.get("seconds", 0), inst["front_host"],
+                                                            inst["endpoint"]) if not problems else "; ".join(problems)
         else:
             state = DOWN
-            why = "%s through %s" % (front.get("detail"), inst["endpoint"])
+            why = "%s through %s (%s)" % (front.get("detail"), inst["front_host"], inst["endpoint"])
             if fh.get("ok"):
                 why += " although %s answers (a wedged engine)" % fh.get("detail")
             reason = "; ".join([why] + problems)

@@ -262,6 +262,7 @@ def plan(groups, hostvars, tier):
         serving = [h for g in tier["groups"] for h in plan_groups[g["name"]]["hosts"] if hosts[h]["serves_http"]]
         api_urls = ["http://%s:%d" % (hosts[h]["node_ip"], hosts[h]["api_port"]) for h in serving]
         endpoint = "http://%s:%d" % (proxy["address"], proxy["port"]) if proxy else api_urls[0]
+        front = proxy["host"] if proxy else serving[0]
         instances[name] = {
             "hosts": list(members),
             "ports": ports,
@@ -269,6 +270,7 @@ def plan(groups, hostvars, tier):
             "leader": plan_groups[tier["groups"][0]["name"]]["leader"],
             "proxy": proxy,
             "endpoint": endpoint,
+            "front_host": front,  # the host whose listener is the front door
             "health_path": proxy["health"] if proxy else "/health",
             "api_urls": api_urls,
             # where the benchmark load and the smoke checks start: the first serving engine, next to the server

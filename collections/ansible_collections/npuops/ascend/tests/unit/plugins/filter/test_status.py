@@ -40,8 +40,8 @@ def test_a_wedged_engine_answers_health_but_no_token_and_is_down():
     got = status.service_status(plan, hv, containers, "c", {"main": probe(ok=False)})
     main = got["instances"]["main"]
     assert not got["healthy"] and main["state"] == "down"
-    assert main["reason"] == ("no token within 10s through http://10.0.0.11:8000 although /health -> 200 answers "
-                              "(a wedged engine)")
+    assert main["reason"] == ("no token within 10s through node01 (http://10.0.0.11:8000) although /health -> 200 "
+                              "answers (a wedged engine)")
 
 
 def test_an_exited_worker_and_an_unreachable_host_are_named():
