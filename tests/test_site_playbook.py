@@ -4,6 +4,7 @@ answer caught by validate."""
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -28,8 +29,16 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def site(cluster, tmp_path_factory):
-    """site.yml once, through ansible-runner, as a platform would call it."""
+def checked(cluster):
+    """site.yml --check --diff on the fresh cluster, before anything is deployed."""
+    return run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/site.yml", "--check", "--diff",
+                "--skip-tags", "bench", "-e", json.dumps({"npuops_reports_dir": cluster.reports})], check=False,
+               timeout=900)
+
+
+@pytest.fixture(scope="module")
+def site(cluster, checked, tmp_path_factory):
+    """site.yml once, through ansible-runner, as a platform would call it (after the check-mode run)."""
     data_dir = str(tmp_path_factory.mktemp("runner"))
     runner = ansible_runner.run(
         private_data_dir=data_dir, project_dir=REPO, playbook="playbooks/site.yml", inventory=cluster.inventory,
@@ -38,6 +47,15 @@ def site(cluster, tmp_path_factory):
         quiet=True, timeout=1200)
     stats_event = [e for e in runner.events if e.get("event") == "playbook_on_stats"]
     return runner, stats_event[0]["event_data"]["artifact_data"]["npuops"]
+
+
+def test_check_mode_on_a_fresh_cluster_shows_what_it_would_create_and_starts_nothing(cluster, checked):
+    out = checked.stdout
+    assert checked.returncode == 0, out[-4000:]
+    for node in ("node01", "node02", "node03", "node04"):
+        assert "%s (create): (all): (unset) -> created" % node in out
+        assert cluster.ssh(node, "podman ps -a --format '{{.Names}}'").stdout.strip() == ""
+    assert re.search(r"\+\s+--data-parallel-start-rank: '2'", out)  # the diff shows the container, flag by flag
 
 
 def test_site_through_ansible_runner_reports_every_stage(cluster, site):
@@ -121,6 +139,46 @@ def test_the_example_script_drives_a_stage_and_prints_the_outcome(cluster, tmp_p
     assert out["npuops"]["preflight"] is None and out["npuops"]["bench"] is None  # skipped by tag
     assert "status   successful" in proc.stderr
     assert "ok       node01" in proc.stderr  # the per-task stream
+
+
+def started(c):
+    return dict((n, c.ssh(n, "podman inspect vllm --format '{{.State.StartedAt}}'").stdout.strip())
+                for n in ("node01", "node02", "node03", "node04"))
+
+
+def test_site_run_again_unchanged_changes_nothing_restarts_nothing_and_moves_no_weight_byte(cluster, site,
+                                                                                          tmp_path):
+    """The inventory-driven rollout: the project's own main command converges a running cluster."""
+    before = started(cluster)
+    runner = ansible_runner.run(
+        private_data_dir=str(tmp_path), project_dir=REPO, playbook="playbooks/site.yml", inventory=cluster.inventory,
+        extravars={"npuops_reports_dir": cluster.reports}, cmdline="--skip-tags bench",
+        envvars=dict((k, v) for k, v in env().items() if k in ("ANSIBLE_CONFIG", "PATH", "PYTHONPATH")),
+        quiet=True, timeout=1200)
+    out = runner.stdout.read()
+    assert runner.status == "successful", out[-4000:]
+    assert runner.stats["changed"] == {} and runner.stats["failures"] == {}, runner.stats
+    outcome = [e for e in runner.events if e.get("event") == "playbook_on_stats"][0]["event_data"]["artifact_data"][
+        "npuops"]
+    assert outcome["ok"] and outcome["weights"]["copied_to"] == [] and outcome["deploy"]["restarted"] == []
+    assert outcome["preflight"]["go"] and outcome["preflight"]["failures"] == []
+    assert "port_free (service)" in out and "held by the service" in out  # its own ports are known as its own
+    assert started(cluster) == before
+
+
+def test_a_foreign_listener_on_a_tier_port_still_fails_preflight_naming_the_process(cluster, tmp_path):
+    run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/stop.yml"], timeout=300)
+    sim("fault", "--node", "1", "--fault", "port_busy", "--port", "8000")
+    try:
+        pid = [h["pid"] for h in cluster.state["helpers"] if h["what"] == "port_busy"][0]
+        proc = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/preflight.yml",
+                    "-e", "npuops_reports_dir=%s" % tmp_path], check=False, timeout=600)
+    finally:
+        sim("fault", "--node", "1", "--fault", "clear")
+    assert proc.returncode != 0
+    report = json.loads((tmp_path / "preflight.json").read_text())
+    assert [(f["host"], f["check"]) for f in report["failures"]] == [("node01", "port_free")]
+    assert report["failures"][0]["observed"] == "port 8000 is in use by %d (python3)" % pid
 
 
 def test_validate_catches_garbage_answers_when_hccn_conf_is_missing(cluster):

@@ -4,6 +4,7 @@ garbage and the chat check fails."""
 import glob
 import json
 import os
+import threading
 
 import pytest
 
@@ -46,3 +47,56 @@ def test_bench_yml_writes_a_report_that_adds_up(cluster, tmp_path):
 
 def test_garbage_from_a_2node_service_fails_the_chat_check(cluster):
     assert_validate_catches_missing_hccn_conf(cluster, "node02")
+
+
+class PsSampler(threading.Thread):
+    """`ps -eo args` on every node, every half second while a playbook runs (what any user of a node can see)."""
+
+    def __init__(self, c, nodes):
+        threading.Thread.__init__(self, daemon=True)
+        self.c, self.nodes, self.seen, self.done = c, nodes, [], threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            for node in self.nodes:
+                self.seen.append(self.c.ssh(node, "ps -eo args", check=False, timeout=30).stdout)
+            self.done.wait(0.5)
+
+
+@pytest.mark.parametrize("verbosity", ["-v", "-vvv"])
+def test_no_secret_reaches_any_output_argv_label_report_or_file(cluster, tmp_path, verbosity):
+    """The API key, the preflight reach token and the weight token, set to known values, are searched for in the
+    play's output, in `ps` on every node while it runs, in the containers' inspect, in the reports and in the
+    model directories. The search is shown to work: the extra-vars file it was given holds them all."""
+    secrets = {"npuops_serve_api_key": "sk-npuops-%s-apikey-5e1f" % verbosity[1:],
+               "npuops_preflight_token": "pft%sE4d1c9Q" % len(verbosity),
+               "npuops_weights_token": "wtk%sA7b3f2Z" % len(verbosity)}
+    extra = tmp_path / "secrets.json"
+    extra.write_text(json.dumps(dict(secrets, npuops_reports_dir=str(tmp_path / "reports"),
+                                     npuops_rollout_allow_downtime=True)))
+    assert all(v in extra.read_text() for v in secrets.values())  # the search sees what is there
+    cluster.ssh("node02", "rm -f /srv/models/kimi-k3-w4a8/model-00002-of-00002.safetensors")  # a copy must happen
+    sampler = PsSampler(cluster, ["node01", "node02"])
+    sampler.start()
+    try:
+        out = playbook(cluster, "site", verbosity, "--skip-tags", "bench", "-e", "@%s" % extra, timeout=900).stdout
+    finally:
+        sampler.done.set()
+        sampler.join(60)
+    assert sampler.seen and any("vllm" in s for s in sampler.seen)  # it sampled while the engines ran
+    assert "Pull from the nodes before this one" in out or "copy" in out.lower()
+    places = {"output": out, "ps": "\n".join(sampler.seen)}
+    for node in ("node01", "node02"):
+        places["inspect %s" % node] = cluster.ssh(node, "podman inspect vllm", check=False).stdout
+        places["model dir %s" % node] = cluster.ssh(
+            node, "grep -r -l -a -e %s /srv/models /run/npuops 2>/dev/null; true" % " -e ".join(secrets.values()),
+            check=False).stdout
+    reports = []
+    for path in glob.glob(str(tmp_path / "reports" / "**" / "*"), recursive=True):
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                reports.append(f.read().decode("utf-8", "replace"))
+    places["reports"] = "\n".join(reports)
+    assert reports, "the run wrote no report to search"
+    leaks = [(name, where) for name, value in secrets.items() for where, text in places.items() if value in text]
+    assert leaks == []

@@ -42,7 +42,8 @@ PY
   mkdir -p ~/.ansible/test/cache
   cp tools/get_pip_offline.py ~/.ansible/test/cache/get_pip_"${pip_version//./_}".py
   # ansible-test prints every pip step of its venvs: keep that in a log, show it only on failure
-  local log="$PWD/.venv/ansible-test.log"
+  mkdir -p "$PWD/.logs"
+  local log="$PWD/.logs/ansible-test.log"
   run_logged "$log" bash -c "cd $COLLECTION && ansible-test sanity --venv --python 3.11 --color no"
   grep -E '^(Running sanity test|WARNING: Skipping|ERROR)' "$log" | sed 's/^/  /' || true
   if [ -n "$(find "$COLLECTION/tests/unit" -name 'test_*.py' -print -quit 2>/dev/null)" ]; then
@@ -77,7 +78,8 @@ molecule() {
   local scenario
   for scenario in molecule/*/molecule.yml; do
     scenario=$(basename "$(dirname "$scenario")")
-    local log="$PWD/.venv/molecule-$scenario.log"
+    mkdir -p "$PWD/.logs"
+    local log="$PWD/.logs/molecule-$scenario.log"
     local t0=$SECONDS
     if ! command molecule test -s "$scenario" >"$log" 2>&1; then
       sed 's/\x1b\[[0-9;]*m//g' "$log" | tail -n 120

@@ -272,7 +272,9 @@ class Cluster:
               % (os.path.join(d, "containers"), paths.image_store()))
         usr = os.path.join(d, "usr.up")
         here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_tools")
-        for src, dst in (("npu_smi.sh", "bin/npu-smi"), ("hccn_tool.sh", "Ascend/driver/tools/hccn_tool")):
+        for src, dst in (("npu_smi.sh", "bin/npu-smi"), ("hccn_tool.sh", "Ascend/driver/tools/hccn_tool"),
+                         ("engine_cli.py", "bin/docker"), ("engine_cli.py", "bin/isula"),
+                         ("engine_cli.py", "bin/podman")):
             target = os.path.join(usr, dst)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copyfile(os.path.join(here, src), target)

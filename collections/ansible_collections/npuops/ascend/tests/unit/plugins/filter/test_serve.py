@@ -142,5 +142,3 @@ def test_a_change_in_one_of_two_instances_does_not_interrupt_the_service():
     hv["node06"]["p"] = preview("recreate", changes=["image: x -> y"])
     d = serve.serve_restarts(hv, plan, "p")
     assert d["restart"] == ["b/main"] and d["interrupts"] == ["b"] and not d["interrupts_service"]
-
-

@@ -76,8 +76,8 @@ def engine(cli_name="docker", cli=None):
     return ct.Engine("/usr/bin/" + cli_name, cli), cli
 
 
-def converge(eng, tmp_path, spec=SPEC, state="started", **kw):
-    return ct.converge(eng, "vllm", spec, state, secret_dir=str(tmp_path / "run"),
+def converge(eng, tmp_path, spec=None, state="started", **kw):
+    return ct.converge(eng, "vllm", spec or SPEC, state, secret_dir=str(tmp_path / "run"),
                        key_path=str(tmp_path / "key" / "digest.key"), **kw)
 
 
