@@ -104,6 +104,16 @@ def test_a_duplicate_rank_fails_fast_naming_the_host_and_stops_everything(cluste
     assert all(" running " not in s for s in started(cluster).values())
 
 
+def test_check_mode_after_a_failed_deploy_shows_what_it_would_start_and_waits_for_nothing(cluster):
+    """The previous test left every engine stopped: check mode must show the restart, not fail on the waits."""
+    t0 = time.time()
+    out = deploy(cluster, "--check", "--diff", *CHANGE)
+    assert time.time() - t0 < 120
+    assert "node01 (start)" in out.stdout or "node01 (recreate)" in out.stdout, out.stdout[-3000:]
+    assert "check mode: not waiting" in out.stdout and "The deployment was stopped" not in out.stdout
+    assert all(" running " not in s for s in started(cluster).values())
+
+
 def test_a_wrong_leader_address_fails_fast_naming_the_host(cluster, tmp_path):
     t0 = time.time()
     out = deploy(cluster, *(overrides(tmp_path, "node04", {"npuops_vllm_overrides": {
@@ -151,6 +161,22 @@ def test_a_worker_killed_while_the_leader_waits_ends_every_wait_within_60s(clust
     assert "stopped waiting for vllm: node03 failed" in out
     assert all(" running " not in s for s in started(cluster).values()), started(cluster)
     deploy(cluster, *CHANGE)  # back to a serving cluster for the next test
+
+
+def test_a_host_down_at_the_start_is_named_at_once_and_nothing_changes(cluster):
+    before = started(cluster)
+    sim("fault", "--node", "3", "--fault", "node_down")
+    try:
+        t0 = time.time()
+        out = deploy(cluster, *(CHANGE + DOWNTIME + ["-e", '{"npuops_model_overrides": {"weights_bytes": 4000000000, '
+                                                          '"max_num_seqs": 4}}']), check=False)
+        took = time.time() - t0
+    finally:
+        sim("fault", "--node", "3", "--fault", "clear")
+    assert out.returncode != 0 and took < 90, (took, out.stdout[-3000:])
+    assert re.search(r"1 host\(s\) do not answer over SSH: node03: ", out.stdout), out.stdout[-3000:]
+    assert "Nothing was changed" in out.stdout
+    assert started(cluster) == before
 
 
 def test_plan_playbook_shows_what_runs_without_touching_nodes(cluster, tmp_path):

@@ -6,12 +6,14 @@
 #   sim     pytest -m sim: the simulated cluster, and the playbooks on it (root: namespaces, sshd, podman)
 #   molecule  the molecule scenarios on the simulated cluster
 #   vllm_args the example inventories' vllm serve command lines, checked by vLLM 0.32's own parser
+#   collection  the collection built into its tarball, installed into an empty path, planning an example
+#             inventory from a directory outside the repository
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ANSIBLE_CONFIG="$PWD/ansible.cfg" PYTHONPATH="$PWD/sim" PATH="$PWD/.venv/bin:$PATH"
 COLLECTION=collections/ansible_collections/npuops/ascend
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(lint unit sanity vllm_args sim molecule)
+[ ${#stages[@]} -gt 0 ] || stages=(lint unit sanity collection vllm_args sim molecule)
 
 timed() {
   local name=$1; shift
@@ -68,6 +70,31 @@ sim() {
     return 1
   fi
   pytest -q -m sim -p no:cacheprovider
+}
+
+collection() {
+  # The collection must work installed from its tarball, away from this repository (its roles, tier documents
+  # and filters all inside it), as an operator would use it from Galaxy.
+  local tmp
+  tmp=$(mktemp -d)
+  (cd "$COLLECTION" && ansible-galaxy collection build --force --output-path "$tmp/dist" >/dev/null)
+  # away from this repository's ansible.cfg, whose collections path already holds the collection's source
+  (cd "$tmp" && env -u ANSIBLE_CONFIG ANSIBLE_COLLECTIONS_PATH="$tmp/collections" ansible-galaxy collection install \
+    --offline --force -p "$tmp/collections" "$tmp"/dist/npuops-ascend-*.tar.gz >/dev/null)
+  mkdir -p "$tmp/site"
+  cp playbooks/plan.yml "$tmp/site/"
+  cp -r inventories/a3-8p8d "$tmp/site/inventory"
+  (cd "$tmp/site" && env -u ANSIBLE_CONFIG ANSIBLE_COLLECTIONS_PATH="$tmp/collections" \
+    ansible-playbook -i inventory plan.yml -e plan_output="$tmp/site/plan.json" >"$tmp/site/out.log" 2>&1) || {
+    tail -n 60 "$tmp/site/out.log"; echo "plan.yml failed with the installed collection" >&2; rm -rf "$tmp"; return 1; }
+  python3 - "$tmp/site/plan.json" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+assert plan["tier"] == "8p8d_pd" and len(plan["hosts"]) == 16, plan.get("tier")
+assert plan["endpoint"] == "http://192.168.100.11:8080", plan["endpoint"]
+print("  collection: installed from its tarball, planned %d hosts of %s" % (len(plan["hosts"]), plan["tier"]))
+PY
+  rm -rf "$tmp"
 }
 
 vllm_args() {

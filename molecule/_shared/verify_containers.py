@@ -59,6 +59,8 @@ def main(tier_path, inventory_path, inspect_path):
             info = inspected[host][0]
             v = hv[host]
             argv = info["Config"]["Cmd"]
+            if argv[:2] == ["/bin/sh", "-c"] and argv[3:4] == ["npuops-secrets"]:
+                argv = argv[4:]  # the wrapper that exports podman's mounted secrets
             f = flags(argv)
             expect(problems, host, "the program", argv[:3], ["vllm", "serve", v["npuops_model_dir"]])
             expect(problems, host, "--tensor-parallel-size", f.get("--tensor-parallel-size"), str(group["tp"]))

@@ -22,7 +22,8 @@ def site_failures(hostvars, hosts, key):
     if not found:
         return None
     return {"task": found[0]["task"], "hosts": found,
-            "msg": "; ".join("%s: %s" % (f["host"], f["msg"]) for f in found)}
+            "msg": "; ".join(f["msg"] if f["msg"].startswith(f["host"] + ":") else "%s: %s" % (f["host"], f["msg"])
+                             for f in found)}
 
 
 def unreachable_hosts(hostvars, hosts, key):

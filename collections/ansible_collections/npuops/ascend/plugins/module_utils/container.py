@@ -181,6 +181,24 @@ def secret_name(container, key):
     return "npuops-%s-%s" % (re.sub(r"[^a-z0-9]+", "-", container.lower()), re.sub(r"[^a-z0-9]+", "-", key.lower()))
 
 
+SECRET_WRAPPER = "npuops-secrets"
+
+
+def secret_wrapper(keys):
+    """The command prefix that exports the mounted secret files (/run/secrets/<KEY>) as environment, then execs
+    the real command: `sh -c '...; exec "$@"' npuops-secrets vllm serve ...`. It holds the keys' names only."""
+    script = "".join('export %s="$(cat /run/secrets/%s)"; ' % (k, k) for k in keys) + 'exec "$@"'
+    return ["/bin/sh", "-c", script, SECRET_WRAPPER]
+
+
+def unwrapped(argv):
+    """A container's command without the secret wrapper (what the plan rendered)."""
+    argv = list(argv or [])
+    if len(argv) >= 4 and argv[:2] == ["/bin/sh", "-c"] and argv[3] == SECRET_WRAPPER:
+        return argv[4:]
+    return argv
+
+
 class Engine(object):
     """The container CLI. `run(argv, timeout, data=None) -> (rc, stdout, stderr)` is injected (proc.run on the
     nodes); every call is bounded by `timeout` seconds."""
@@ -229,9 +247,11 @@ class Engine(object):
                 "labels": dict((k, v) for k, v in labels.items() if k not in (HASH_LABEL, SPEC_LABEL))}
 
     def uses_secret_store(self):
-        """podman keeps secrets in its own store and passes them as env (`--secret ...,type=env`): inspect shows
-        the secret's name, never its value. docker has secrets only in swarm mode and isula none: there the value
-        reaches the container through an env file and is visible to `inspect` (docs/serve.md)."""
+        """podman keeps secrets in its own store. They are mounted as files (`--secret ...,type=mount`) and a
+        two-line shell wrapper exports them before it execs the command, because podman 4.3 shows the value of an
+        env-type secret in `inspect` (Config.Env); this way inspect shows the secret's name and the wrapper, never
+        the value. docker has secrets only in swarm mode and isula none: there the value reaches the container
+        through an env file and is visible to `inspect` (docs/serve.md)."""
         return self.name == "podman"
 
     def run_argv(self, name, spec, key=None, env_file=None):
@@ -255,14 +275,17 @@ class Engine(object):
             argv += ["-v", mount_arg(m)]
         for k, v in sorted((spec.get("env") or {}).items()):
             argv += ["-e", "%s=%s" % (k, v)]
+        command = list(spec.get("command") or [])
         if spec.get("secret_env"):
             if self.uses_secret_store():
-                for k in sorted(spec["secret_env"]):
-                    argv += ["--secret", "%s,type=env,target=%s" % (secret_name(name, k), k)]
+                keys = sorted(spec["secret_env"])
+                for k in keys:
+                    argv += ["--secret", "%s,type=mount,target=%s" % (secret_name(name, k), k)]
+                command = secret_wrapper(keys) + command
             elif env_file:
                 argv += ["--env-file", env_file]
         argv.append(spec["image"])
-        argv += list(spec.get("command") or [])
+        argv += command
         return argv
 
     def create(self, name, spec, secret_dir, key=None):

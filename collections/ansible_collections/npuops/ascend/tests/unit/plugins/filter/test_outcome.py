@@ -24,11 +24,11 @@ def test_rollout_outcome_names_every_stage_and_none_for_those_not_run():
 
 def test_the_failure_names_the_hosts_that_failed_not_those_stopped_because_of_them():
     hv = {"a": {"f": None}, "b": {"f": {"task": "Pull the weights", "msg": "checksum of x differs"}},
-          "c": {"f": {"task": "Pull the weights", "msg": "unreachable"}}}
+          "c": {"f": {"task": "Pull the weights", "msg": "c: unreachable"}}}
     got = outcome.site_failures(hv, ["a", "b", "c"], "f")
     assert got == {"task": "Pull the weights", "hosts": [
         {"host": "b", "task": "Pull the weights", "msg": "checksum of x differs"},
-        {"host": "c", "task": "Pull the weights", "msg": "unreachable"}],
+        {"host": "c", "task": "Pull the weights", "msg": "c: unreachable"}],
         "msg": "b: checksum of x differs; c: unreachable"}
     assert outcome.site_failures({"a": {}}, ["a"], "f") is None
 

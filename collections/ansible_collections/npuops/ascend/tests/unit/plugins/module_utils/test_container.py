@@ -179,8 +179,12 @@ def test_podman_passes_secrets_through_its_secret_store(tmp_path):
     converge(eng, tmp_path)
     run = [c[0] for c in cli.calls if c[0][1] == "run"][0]
     assert "--env-file" not in run and "hunter2" not in " ".join(run)
-    assert run[run.index("--secret") + 1] == "npuops-vllm-vllm-api-key,type=env,target=VLLM_API_KEY"
+    assert run[run.index("--secret") + 1] == "npuops-vllm-vllm-api-key,type=mount,target=VLLM_API_KEY"
     assert cli.secrets == {"npuops-vllm-vllm-api-key": "hunter2"}  # given on stdin, never argv
+    # the command exports the mounted file, then execs the real command: inspect shows names, never the value
+    tail = run[run.index(SPEC["image"]) + 1:]
+    assert tail[:4] == ["/bin/sh", "-c", 'export VLLM_API_KEY="$(cat /run/secrets/VLLM_API_KEY)"; exec "$@"',
+                        "npuops-secrets"] and ct.unwrapped(tail) == SPEC["command"]
     converge(eng, tmp_path, state="absent")
     assert cli.secrets == {}
 
