@@ -1,4 +1,4 @@
-"""The fake npu-smi/hccn_tool print the real formats (../shared/reference/ascend-facts.md sections 1-2):
+"""The fake npu-smi/hccn_tool print the real formats (published dumps, e.g. vllm-ascend#2035):
 rows rendered from a profile with the values of a published A3 dump must equal that dump's lines."""
 import json
 import os

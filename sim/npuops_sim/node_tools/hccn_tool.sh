@@ -1,7 +1,8 @@
 #!/bin/sh
 # Simulated hccn_tool for the npuops test cluster (test infrastructure, not a product).
 #
-# Get items print the formats of ../shared/reference/ascend-facts.md section 2.2 from the device state
+# Get items print the real tool's formats (vllm-ascend docs/source/installation.md "Verify Multi-Node
+# Communication", Ascend/msit msprechecker's parsers) from the device state
 # the simulator renders per physical device (where the real tool asks the driver). `-ping` really probes:
 # it sends ICMP echo requests from the device's fabric address, so a device whose link the simulator cut,
 # or a fabric route it blocked, really loses the packets. Plain sh and iputils ping: the real tool is a

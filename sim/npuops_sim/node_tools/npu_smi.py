@@ -2,7 +2,8 @@
 """Simulated `npu-smi` for the npuops test cluster (test infrastructure, not a product).
 
 `render_all()` renders every answer into files that `npu_smi.sh` (installed as npu-smi on the nodes)
-prints, as cheap to call as the real binary; `main()` answers directly (used by the tests). It prints the formats of the real tool (../shared/reference/ascend-facts.md section 1) from the node's
+prints, as cheap to call as the real binary; `main()` answers directly (used by the tests). It prints the formats of the real tool (as the env dumps in vllm-ascend issues show them, e.g. #2035 for A3, #12980 for
+npu-smi 26's wider table; vllm-ascend cpu_binding.py for `-m`) from the node's
 profile, which `npuops_sim` writes where the real driver keeps its state (driver lib64), so the same
 tool also answers inside a container that mounts the driver as vLLM-Ascend containers do.
 Standard library only: it runs with the node's system Python and inside the sim image.

@@ -99,7 +99,7 @@ def _module_failure(host, check, res):
 
 
 def image_generation(image):
-    """'...:v0.23.0-a3' / '-a3-openeuler' -> A3; other vllm-ascend tags -> A2 (ascend-facts §3.1)."""
+    """'...:v0.23.0-a3' / '-a3-openeuler' -> A3; other vllm-ascend tags -> A2 (vllm-ascend installation.md: the -a3 images carry the A3 kernels)."""
     tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
     return "A3" if re.search(r"(^|-)a3($|-)", tag) else "A2"
 

@@ -21,13 +21,13 @@ from ansible_collections.npuops.ascend.plugins.plugin_utils import board, values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 PROXY_SCRIPT = "/vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py"
-# device nodes and read-only host paths every vLLM-Ascend container needs (ascend-facts §3.2), plus
-# /etc/hccn.conf, which the PD docs require and without which the service answers garbage (§6 row 4)
+# device nodes and read-only host paths every vLLM-Ascend container needs (vllm-ascend installation.md docker run),
+# plus /etc/hccn.conf, which the PD docs require and without which the service answers garbage (vllm-ascend#7711)
 MGMT_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
 HOST_MOUNTS = ["/usr/local/dcmi", "/usr/local/Ascend/driver/tools/hccn_tool", "/usr/local/bin/npu-smi",
                "/usr/local/Ascend/driver/lib64", "/usr/local/Ascend/driver/version.info", "/etc/ascend_install.info",
                "/etc/hccn.conf"]
-# environment every node gets (ascend-facts §3.3); the tier adds per-instance values, the inventory overrides
+# environment every node gets (vllm-ascend multi-node tutorials); the tier adds per-group values, the inventory overrides
 COMMON_ENV = {
     "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
     "VLLM_ENGINE_READY_TIMEOUT_S": "7200",

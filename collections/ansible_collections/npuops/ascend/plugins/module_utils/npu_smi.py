@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Parse what npu-smi and the Ascend driver/CANN files print, into plain data.
 
-Rules learned from the field (ascend-facts §1): parse by regex and header names, never by column
+Rules learned from the field (npu-smi dumps in vllm-ascend issues; #12980 widened the table): parse by regex and header names, never by column
 offsets (npu-smi 26.0.rc2 widened the table; five-digit values lose their padding: ``54592/ 65536``);
 build the card/chip -> logic/physical id map from ``npu-smi info -m``, never from ``card*2+chip``
 (NPU ids need not start at 0); skip ``Mcu`` rows. Standard library only: this runs on the nodes.

@@ -9,7 +9,7 @@ import pytest
 
 from ansible_collections.npuops.ascend.plugins.module_utils import hccn
 
-# verbatim outputs (ascend-facts §2.2)
+# verbatim outputs (vllm-ascend installation.md "Verify Multi-Node Communication", Ascend/msit msprechecker)
 PING_OK = ("device 0 PING 11.12.165.80\nrecv seq=0,time=0.114000ms\nrecv seq=1,time=0.104000ms\n"
            "recv seq=2,time=0.098000ms\n3 packets transmitted, 3 received, 0.00% packet loss\n")
 HCCS_OK = ("device 0 PING 192.168.2.199\nThis pkt ping success!\nrecv seq 0, time = 12.500us, L1 plane check "
