@@ -24,11 +24,12 @@ import time
 
 from ansible_collections.npuops.ascend.plugins.module_utils import workers
 # where the manifest lives is defined once, by the self-contained server that must find it
-from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import STATE_DIR
+from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import PROGRESS_SUFFIX, STATE_DIR
 
 VERSION = 2
 PIECE_SIZE = 4 * 1024 * 1024
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+PARTIAL = (".part", PROGRESS_SUFFIX, PROGRESS_SUFFIX + ".tmp")
 
 
 class ManifestError(Exception):
@@ -36,8 +37,9 @@ class ManifestError(Exception):
 
 
 def walk(root):
-    """Relative paths of the regular files under root, sorted; skips our state dir, partial downloads and
-    anything that is a symlink (a symlink could point outside the model directory)."""
+    """Relative paths of the regular files under root, sorted; skips our state dir, partial copies (and
+    their progress records, also those older versions left) and anything that is a symlink (a symlink could
+    point outside the model directory)."""
     out = []
     root = os.path.abspath(root)
     for base, dirs, files in os.walk(root, followlinks=False):
@@ -46,7 +48,7 @@ def walk(root):
                          and not os.path.islink(os.path.join(base, d)))
         for name in sorted(files):
             full = os.path.join(base, name)
-            if name.endswith(".part") or os.path.islink(full) or not os.path.isfile(full):
+            if name.endswith(PARTIAL) or os.path.islink(full) or not os.path.isfile(full):
                 continue
             out.append(os.path.normpath(os.path.join(rel_base, name)) if rel_base != "." else name)
     return out
