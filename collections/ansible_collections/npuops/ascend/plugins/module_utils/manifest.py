@@ -269,9 +269,35 @@ def download_argv(source, repo, revision, dest):
     raise ManifestError("unknown weights source %r (modelscope or huggingface)" % source)
 
 
-def listing_url(source, repo, revision):
+HUBS = {
+    # endpoint, and the environment variables the vendor's CLI/SDK reads the token and a mirror endpoint from
+    "huggingface": {"endpoint": "https://huggingface.co", "token_env": "HF_TOKEN", "endpoint_env": "HF_ENDPOINT"},
+    "modelscope": {"endpoint": "https://modelscope.cn", "token_env": "MODELSCOPE_API_TOKEN",
+                   "endpoint_env": "MODELSCOPE_DOMAIN"},
+}
+
+
+def _hub(source):
+    if source not in HUBS:
+        raise ManifestError("unknown weights source %r (modelscope or huggingface)" % source)
+    return HUBS[source]
+
+
+def listing_url(source, repo, revision, endpoint=""):
+    """The publisher's per-file listing at `revision`, at its own endpoint or at a mirror's."""
+    base = (endpoint or _hub(source)["endpoint"]).rstrip("/")
     if source == "huggingface":
-        return "https://huggingface.co/api/models/%s/tree/%s?recursive=1" % (repo, revision)
-    if source == "modelscope":
-        return "https://modelscope.cn/api/v1/models/%s/repo/files?Revision=%s&Recursive=true" % (repo, revision)
-    raise ManifestError("unknown weights source %r (modelscope or huggingface)" % source)
+        return "%s/api/models/%s/tree/%s?recursive=1" % (base, repo, revision)
+    return "%s/api/v1/models/%s/repo/files?Revision=%s&Recursive=true" % (base, repo, revision)
+
+
+def hub_env(source, token="", endpoint=""):
+    """{variable: value} for the download CLI: the token of a gated repository and a mirror endpoint.
+    ModelScope's variable takes a host name, not a URL."""
+    hub = _hub(source)
+    env = {}
+    if token:
+        env[hub["token_env"]] = token
+    if endpoint:
+        env[hub["endpoint_env"]] = endpoint.split("://", 1)[-1].rstrip("/") if source == "modelscope" else endpoint
+    return env

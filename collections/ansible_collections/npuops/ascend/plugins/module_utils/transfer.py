@@ -491,14 +491,16 @@ class Watchdog(object):
             self.thread.join(PING_TIMEOUT * 3)
 
 
-def fetch_manifest(peers, deadline, timeout=30):
-    """The manifest from the first peer that serves it; -> (manifest, peer)."""
+def fetch_manifest(peers, deadline, timeout=10):
+    """The manifest from the first peer that serves it; -> (manifest, peer). `timeout`: the longest a peer
+    may stay silent (a frozen one is demoted, the next one asked)."""
     last = None
     while True:
         for peer in peers.order():
             try:
                 status, body = peers.get(peer, "/manifest", timeout)
             except PeerError as e:
+                peers.demote(peer, str(e))
                 last = str(e)
                 continue
             if status == 200:
@@ -814,7 +816,7 @@ def sync(src_urls, token, dest, manifest=None, parallel=4, verify="fast", check_
     if manifest is None:
         if not src_urls:
             raise TransferError("give src_url (peers to pull from) or a manifest")
-        manifest, _peer = fetch_manifest(peers, time.time() + manifest_timeout)
+        manifest, _peer = fetch_manifest(peers, time.time() + manifest_timeout, peer_timeout)
     for rel in manifest["files"]:
         if rel.startswith("/") or ".." in rel.split("/"):
             raise TransferError("the manifest lists %r, which is not a path inside the model directory" % rel)
@@ -843,7 +845,7 @@ def _fetch(peers, dest, manifest, verified, todo, cache, cache_path, parallel, s
         raise TransferError("%d files must be fetched but no src_url was given" % len(todo))
     if any("pieces" not in manifest["files"][r] for r in todo):
         # the controller plans with the manifest's summary; the piece digests come from the peers
-        full, peer = fetch_manifest(peers, time.time() + manifest_timeout)
+        full, peer = fetch_manifest(peers, time.time() + manifest_timeout, peer_timeout)
         differ = sorted(r for r, e in manifest["files"].items() if full["files"].get(r, {}).get("sha256") != e["sha256"])
         if differ:
             raise TransferError("%s serves a manifest that differs from the seed's for %s; record the seed's manifest "
