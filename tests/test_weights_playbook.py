@@ -275,7 +275,7 @@ def test_disk_full_fails_cleanly(cluster):
 def node_pids(c, node, needle):
     """PIDs of the node's processes (its own mount namespace) whose command line contains `needle`."""
     out = []
-    mntns = c.api.state["nodes"][node]["mntns"]
+    mntns = c.state["nodes"][node]["mntns"]
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
@@ -388,18 +388,19 @@ def test_a_node_lost_mid_copy_fails_the_stage_for_all_within_60s_and_leaves_noth
             t_down = time.time()
             rc = play.wait(120)
             failed_after = time.time() - t_down
+            # nothing of that run is left on the nodes that can be reached
+            left = leftovers(cluster, ["node01", "node02", "node04"])
+            # node03 itself, cut off, still runs its part of that run: the next run ends it before its own
+            orphans = leftovers(cluster, ["node03"])
         finally:
             if play.poll() is None:
                 os.killpg(play.pid, signal.SIGKILL)
+            sim("fault", "--node", "3", "--fault", "clear")
         out = open(log).read()
         assert rc != 0 and failed_after <= 60, (failed_after, out[-3000:])
         assert re.search(r"The weights stage failed \(copying\) on 1 host\(s\)", out), out[-3000:]
         assert re.search(r"- node03: unreachable", out), out[-3000:]
-        # nothing of that run is left on the nodes that can be reached
-        assert leftovers(cluster, ["node01", "node02", "node04"]) == {}
-        # node03 itself, cut off, still runs its part of that run: the next run ends it before its own
-        orphans = leftovers(cluster, ["node03"])
-        sim("fault", "--node", "3", "--fault", "clear")
+        assert left == {}
     again = playbook(cluster)
     assert "End the weight servers and copy jobs that earlier runs left" in again.stdout
     if orphans:
@@ -559,8 +560,9 @@ def test_the_seed_stage_downloads_checks_the_publisher_and_fans_out(cluster, tmp
     with open(extra, "w") as f:
         json.dump(settings, f)
     try:
-        wait_for(lambda: cluster.api.nsenter("node01", ["sh", "-c", "exec 3<>/dev/tcp/127.0.0.1/18700"],
-                                             check=False).returncode == 0, 30, "the listing server")
+        wait_for(lambda: cluster.api.nsenter("node01", ["/usr/bin/python3", "-c", "import socket; socket.create_connection("
+                                                        "('127.0.0.1', 18700), 1)"], check=False).returncode == 0,
+                 30, "the listing server")
         first = playbook(cluster, "-vvv", "-e", "@" + extra)
         for node in cluster.state["nodes"]:
             got = dict((n, hashlib.sha256(open(cluster.api.root_of(node) + dl + "/" + n, "rb").read()).hexdigest())

@@ -441,6 +441,7 @@ class Watchdog(object):
         self.stall_timeout = stall_timeout
         self.clock = clock
         self.active = set()
+        self.probing = set()
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.thread = None
@@ -462,7 +463,9 @@ class Watchdog(object):
             quiet = [t for t in self.active if now - max(t.last, t.pinged) > self.peer_timeout and not t.stalled]
         for t in quiet:
             t.pinged = self.clock()
-            if t.pinged - t.last > self.stall_timeout:
+            if t.peer.demoted:
+                t.stalled = t.peer.reason or "demoted"  # another transfer found it frozen: no second ping
+            elif t.pinged - t.last > self.stall_timeout:
                 t.stalled = "sent nothing for %ds although it answers pings" % self.stall_timeout
             elif self.peers.ping(t.peer):
                 continue  # it answers: it waits for its own upstream
@@ -471,10 +474,21 @@ class Watchdog(object):
             self.peers.demote(t.peer, t.stalled)
             t.conn.abort()
         for peer in self.peers.due():
+            if peer not in self.probing:
+                # probed on a thread of its own: a peer that does not answer must not hold up this loop
+                self.probing.add(peer)
+                probe = threading.Thread(target=self.probe, args=(peer,))
+                probe.daemon = True
+                probe.start()
+
+    def probe(self, peer):
+        try:
             if self.peers.ping(peer):
                 self.peers.restore(peer)
             else:
                 self.peers.demote(peer, peer.reason or "does not answer")
+        finally:
+            self.probing.discard(peer)
 
     def run(self):
         while not self.stopped.wait(0.5):

@@ -15,8 +15,8 @@ version_added: 0.2.0
 description:
   - An action plugin; it runs on the controller, one per host taking part in the copy, all at once.
   - On a receiving host (O(job) given) it looks at the node every O(interval) seconds (the async status of the
-    M(npuops.ascend.weight_sync) job, and its progress file) and prints one line of progress for that node:
-    files, GB, MB/s of the last seconds and ETA. A progress file of another run is not shown. It ends when
+    M(npuops.ascend.weight_sync) job, and its progress file) and prints one line of progress for that node
+    (files, GB, MB/s of the last seconds and ETA). A progress file of another run is not shown. It ends when
     the job ends and returns the job's result.
   - On a host that only serves (no O(job)) it checks every O(interval) seconds that the node is still
     reachable, until every receiver ended.
