@@ -347,6 +347,8 @@ def wait_for(cond, timeout, what):
 def test_a_frozen_relay_is_routed_around_at_most_one_stall_later(cluster, tmp_path):
     playbook(cluster)  # complete everywhere
     fast = ["-e", '{"npuops_weights_peer_timeout": 4, "npuops_weights_progress_interval": 5}']
+    total = sum(os.path.getsize(node_file(cluster, "node01", n)) for n in os.listdir(
+        cluster.api.root_of("node01") + MODEL) if n.startswith("model-"))
     with Throttled(cluster, 400):
         wipe(cluster, "node02", "node03", "node04")
         t0 = time.time()
@@ -355,10 +357,20 @@ def test_a_frozen_relay_is_routed_around_at_most_one_stall_later(cluster, tmp_pa
         wipe(cluster, "node02", "node03", "node04")
         t0 = time.time()
         play = start_playbook(cluster, str(tmp_path / "hang.log"), *fast)
+        gaps = {"node03": 0.0, "node04": 0.0}
         try:
             # node03 pulls from node02's relay: freeze that relay once the chain is flowing
             wait_for(lambda: received(cluster.api.root_of("node03") + MODEL) > 150 * 1024 * 1024, 180, "node03 to receive")
             sim("fault", "--node", "2", "--fault", "relay_hang")
+            # the longest time node03 and node04 (downstream of the frozen relay) receive nothing
+            last = dict((n, (time.time(), received(cluster.api.root_of(n) + MODEL))) for n in gaps)
+            while play.poll() is None:
+                time.sleep(0.25)
+                for n in gaps:
+                    got = received(cluster.api.root_of(n) + MODEL)
+                    if got != last[n][1] or got >= total:
+                        last[n] = (time.time(), got)
+                    gaps[n] = max(gaps[n], time.time() - last[n][0])
             rc = play.wait(600)
         finally:
             if play.poll() is None:
@@ -369,9 +381,12 @@ def test_a_frozen_relay_is_routed_around_at_most_one_stall_later(cluster, tmp_pa
     assert rc == 0, out[-3000:]
     for node in ("node02", "node03", "node04"):
         assert digests(cluster, node) == digests(cluster, "node01"), node
-    # one stall: the peer timeout plus its ping, then every byte came from elsewhere (3 s of slack: 2 busy cores)
+    # one stall: the peer timeout plus its ping, then the bytes come from further up the chain (2 s of slack:
+    # a piece lands every ~0.1 s, and the 2 cores are busy)
     stall = 4 + transfer.PING_TIMEOUT
-    assert took - baseline <= stall + 3, "frozen relay: %.1fs, without: %.1fs" % (took, baseline)
+    assert max(gaps.values()) <= stall + 2, gaps
+    # the detour shares the seed's link between node02 and node03, which at most halves the rate
+    assert took <= 2 * baseline + stall, "frozen relay: %.1fs, without: %.1fs" % (took, baseline)
     assert leftovers(cluster, cluster.state["nodes"]) == {}
 
 
