@@ -93,7 +93,7 @@ state:
   type: str
 stopped_because:
   description: The hosts whose failure ended this one.
-  returned: when O(state=stopped)
+  returned: when RV(state) is C(stopped)
   type: list
   elements: str
 progress:

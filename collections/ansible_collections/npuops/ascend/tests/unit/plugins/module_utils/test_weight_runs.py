@@ -43,8 +43,8 @@ def alive(p):
 
 def test_servers_and_jobs_are_found_with_their_run(procs, tmp_path):
     servers = [s for s in weight_runs.servers() if s["pid"] in (procs[0].pid, procs[1].pid)]
-    assert sorted((s["run_id"], s["port"], s["root"]) for s in servers) == [("run-a", 18090, "/srv/m"),
-                                                                           ("run-b", 18090, "/srv/m")]
+    found = sorted((s["run_id"], s["port"], s["root"]) for s in servers)
+    assert found == [("run-a", 18090, "/srv/m"), ("run-b", 18090, "/srv/m")]
     jobs = weight_runs.jobs(str(tmp_path / "run"))
     assert sorted((j["pid"], j["run_id"]) for j in jobs) == sorted([(procs[2].pid, "run-a"), (procs[3].pid, "run-b")])
 
