@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from ansible_collections.npuops.ascend.plugins.module_utils import transfer, weight_server
 from npuops_sim.testing import BIN, REPO, bring_up, env, run, sim
 
 pytestmark = pytest.mark.sim
@@ -68,28 +69,31 @@ def received(root):
         elif name.endswith(".part.progress"):
             if piece is None:
                 piece = json.load(open(os.path.join(root, ".npuops", "manifest.json")))["piece_size"]
-            total += int(open(path).read() or 0) * piece
+            total += weight_server.read_progress(path[:-len(weight_server.PROGRESS_SUFFIX)])[0] * piece
     return total
 
 
 def servers_running(c):
+    """(node, pid, command line) of every weight server running on the nodes."""
+    nodes = c.state["nodes"]
     out = []
-    for node in c.state["nodes"]:
-        for pid in os.listdir("/proc"):
-            if pid.isdigit():
-                try:
-                    cmd = open("/proc/%s/cmdline" % pid, "rb").read()
-                except OSError:
-                    continue
-                if b"npuops_weight_server.py" in cmd and c.api.state["nodes"][node]["mntns"] == \
-                        os.stat("/proc/%s/ns/mnt" % pid).st_ino:
-                    out.append((node, int(pid)))
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = open("/proc/%s/cmdline" % pid, "rb").read()
+                mntns = os.stat("/proc/%s/ns/mnt" % pid).st_ino
+            except OSError:
+                continue
+            for node, info in nodes.items():
+                if b"npuops_weight_server.py" in cmd and info["mntns"] == mntns:
+                    out.append((node, int(pid), cmd.replace(b"\0", b" ").decode()))
     return out
 
 
 def test_copy_to_every_node_is_byte_identical_and_a_rerun_moves_nothing(cluster):
     first = playbook(cluster)
-    assert "Show the copy progress" in first.stdout and re.search(r"node04: 9/9 files, [\d.]+/[\d.]+ GB", first.stdout)
+    assert "Follow the copies until they end" in first.stdout
+    assert re.search(r"node04: 9/9 files, [\d.]+/[\d.]+ GB, [\d.]+ MB/s, ETA - \(done\)", first.stdout), first.stdout[-3000:]
     seed = digests(cluster, "node01")
     assert len(seed) == FILES + 1
     for node in ("node02", "node03", "node04"):
@@ -194,8 +198,9 @@ def test_a_source_changed_after_its_manifest_fails_naming_the_file_and_stops_the
         os.unlink(node_file(cluster, "node02", rel))  # node02 pulls from the seed itself
         out = playbook(cluster, check=False)
         assert out.returncode != 0
-        assert re.search(r"node02: the weight copy failed: %s" % re.escape(rel), out.stdout), out.stdout[-3000:]
-        assert "Stop the weight servers" in out.stdout and servers_running(cluster) == []
+        assert re.search(r"- node02: node02: the weight copy failed: %s" % re.escape(rel), out.stdout), out.stdout[-3000:]
+        assert "End this run's weight servers and copy jobs on every reachable host" in out.stdout
+        assert servers_running(cluster) == []
         assert not os.path.exists(node_file(cluster, "node02", rel))
     finally:
         with open(seed_path, "wb") as f:
@@ -254,10 +259,355 @@ def test_disk_full_fails_cleanly(cluster):
               {"path": MODEL, "bind": fabric, "port": 18192, "token": token, "idle_timeout": 60})
         _p, res = adhoc(cluster, "node04", "npuops.ascend.weight_sync",
                         {"src_url": ["http://%s:18192" % fabric], "token": token, "dest": "/srv/small/model",
-                         "parallel": 1}, check=False)
-        assert res.get("failed") and "disk full while writing" in res["msg"] and "nothing was renamed" in res["msg"]
+                         "parallel": 4}, check=False)
+        # the space is short: the copy fails before a byte moves, saying how much it needs
+        assert res.get("failed") and re.search(r"needs [\d.]+ GB more for the 9 files to fetch, 0\.2 GB are free",
+                                               res["msg"]), res
         left = cluster.api.nsenter("node04", ["sh", "-c", "find /srv/small -name '*.part*' | wc -l"]).stdout.strip()
         assert left == "0"
     finally:
         adhoc(cluster, "node01", "npuops.ascend.weight_serve", {"path": MODEL, "port": 18192, "state": "stopped"})
         cluster.api.nsenter("node04", ["umount", "/srv/small"], check=False)
+
+
+# --------------------------------------------------------------- faults, orphans, secrets, the seed stage
+
+def node_pids(c, node, needle):
+    """PIDs of the node's processes (its own mount namespace) whose command line contains `needle`."""
+    out = []
+    mntns = c.state["nodes"][node]["mntns"]
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.stat("/proc/%s/ns/mnt" % pid).st_ino != mntns:
+                    continue
+                cmd = open("/proc/%s/cmdline" % pid, "rb").read()
+            except OSError:
+                continue
+            if needle in cmd:
+                out.append(int(pid))
+    return out
+
+
+def leftovers(c, nodes):
+    """{node: [what]} of weight servers and copy jobs still running on `nodes`."""
+    out = {}
+    for node in nodes:
+        found = ["server %d" % p for p in node_pids(c, node, b"npuops_weight_server.py")]
+        found += ["copy %d" % p for p in node_pids(c, node, b"AnsiballZ_weight_sync")]
+        if found:
+            out[node] = found
+    return out
+
+
+def wipe(c, *nodes):
+    """Remove the weights of `nodes` (they copy everything again)."""
+    for node in nodes:
+        root = c.api.root_of(node) + MODEL
+        for name in os.listdir(root):
+            if name.startswith("model-"):
+                os.unlink(os.path.join(root, name))
+        for state in ("verified.json", "sync-progress.json"):
+            if os.path.exists(os.path.join(root, ".npuops", state)):
+                os.unlink(os.path.join(root, ".npuops", state))
+
+
+class Throttled(object):
+    """Every node's fabric limited by tc (both directions), so that a copy lasts long enough to break it."""
+
+    def __init__(self, c, mbit):
+        self.c, self.mbit = c, mbit
+
+    def __enter__(self):
+        for node, info in self.c.state["nodes"].items():
+            os.system("ip netns exec %s tc qdisc replace dev enp61s0f0 root tbf rate %dmbit burst 256kb latency 50ms"
+                      % (info["netns"], self.mbit))
+        return self
+
+    def __exit__(self, *exc):
+        for node, info in self.c.state["nodes"].items():
+            os.system("ip netns exec %s tc qdisc del dev enp61s0f0 root 2>/dev/null" % info["netns"])
+
+
+def start_playbook(c, log, *extra):
+    return subprocess.Popen([BIN + "/ansible-playbook", "-i", c.inventory, "playbooks/weights.yml"] + list(extra),
+                            env=env(), cwd=REPO, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait_for(cond, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.2)
+    raise AssertionError("timed out after %ds waiting for %s" % (timeout, what))
+
+
+def test_a_frozen_relay_is_routed_around_at_most_one_stall_later(cluster, tmp_path):
+    playbook(cluster)  # complete everywhere
+    fast = ["-e", '{"npuops_weights_peer_timeout": 4, "npuops_weights_progress_interval": 5}']
+    total = sum(os.path.getsize(node_file(cluster, "node01", n)) for n in os.listdir(
+        cluster.api.root_of("node01") + MODEL) if n.startswith("model-"))
+    with Throttled(cluster, 400):
+        wipe(cluster, "node02", "node03", "node04")
+        t0 = time.time()
+        playbook(cluster, *fast)
+        baseline = time.time() - t0
+        wipe(cluster, "node02", "node03", "node04")
+        t0 = time.time()
+        play = start_playbook(cluster, str(tmp_path / "hang.log"), *fast)
+        gaps = {"node03": 0.0, "node04": 0.0}
+        try:
+            # node03 pulls from node02's relay: freeze that relay once the chain is flowing
+            wait_for(lambda: received(cluster.api.root_of("node03") + MODEL) > 150 * 1024 * 1024, 180, "node03 to receive")
+            sim("fault", "--node", "2", "--fault", "relay_hang")
+            # the longest time node03 and node04 (downstream of the frozen relay) receive nothing
+            last = dict((n, (time.time(), received(cluster.api.root_of(n) + MODEL))) for n in gaps)
+            while play.poll() is None:
+                time.sleep(0.25)
+                for n in gaps:
+                    got = received(cluster.api.root_of(n) + MODEL)
+                    if got != last[n][1] or got >= total:
+                        last[n] = (time.time(), got)
+                    gaps[n] = max(gaps[n], time.time() - last[n][0])
+            rc = play.wait(600)
+        finally:
+            if play.poll() is None:
+                os.killpg(play.pid, signal.SIGKILL)
+            sim("fault", "--node", "2", "--fault", "clear")
+        took = time.time() - t0
+    out = open(str(tmp_path / "hang.log")).read()
+    assert rc == 0, out[-3000:]
+    for node in ("node02", "node03", "node04"):
+        assert digests(cluster, node) == digests(cluster, "node01"), node
+    # one stall: the peer timeout plus its ping, then the bytes come from further up the chain (2 s of slack:
+    # a piece lands every ~0.1 s, and the 2 cores are busy)
+    stall = 4 + transfer.PING_TIMEOUT
+    assert max(gaps.values()) <= stall + 2, gaps
+    # the detour shares the seed's link between node02 and node03, which at most halves the rate
+    assert took <= 2 * baseline + stall, "frozen relay: %.1fs, without: %.1fs" % (took, baseline)
+    assert leftovers(cluster, cluster.state["nodes"]) == {}
+
+
+def test_a_node_lost_mid_copy_fails_the_stage_for_all_within_60s_and_leaves_nothing_running(cluster, tmp_path):
+    playbook(cluster)
+    wipe(cluster, "node02", "node03", "node04")
+    log = str(tmp_path / "down.log")
+    with Throttled(cluster, 200):
+        play = start_playbook(cluster, log, "-e", '{"npuops_weights_progress_interval": 5}')
+        try:
+            wait_for(lambda: received(cluster.api.root_of("node03") + MODEL) > 80 * 1024 * 1024, 180, "node03 to receive")
+            run_id = json.load(open(cluster.api.root_of("node03") + MODEL + "/.npuops/sync-progress.json"))["run_id"]
+            sim("fault", "--node", "3", "--fault", "node_down")
+            t_down = time.time()
+            rc = play.wait(120)
+            failed_after = time.time() - t_down
+            # nothing of that run is left on the nodes that can be reached
+            left = leftovers(cluster, ["node01", "node02", "node04"])
+            # node03 itself, cut off, still runs its part of that run: the next run ends it before its own
+            orphans = leftovers(cluster, ["node03"])
+        finally:
+            if play.poll() is None:
+                os.killpg(play.pid, signal.SIGKILL)
+            sim("fault", "--node", "3", "--fault", "clear")
+        out = open(log).read()
+        assert rc != 0 and failed_after <= 60, (failed_after, out[-3000:])
+        assert re.search(r"The weights stage failed \(copying\) on 1 host\(s\)", out), out[-3000:]
+        assert re.search(r"- node03: unreachable", out), out[-3000:]
+        assert left == {}
+    again = playbook(cluster)
+    assert "End the weight servers and copy jobs that earlier runs left" in again.stdout
+    if orphans:
+        assert re.search(r"changed: \[node03\]", again.stdout.split("End the weight servers and copy jobs that earlier")[1]
+                         .split("TASK")[0])
+    for node in ("node02", "node03", "node04"):
+        assert digests(cluster, node) == digests(cluster, "node01"), node  # no .part counted as done
+    assert leftovers(cluster, cluster.state["nodes"]) == {}
+    assert run_id not in open(cluster.api.root_of("node03") + MODEL + "/.npuops/sync-progress.json").read()
+
+
+def test_an_interrupted_run_leaves_orphans_that_the_next_run_ends_even_with_nothing_to_copy(cluster, tmp_path):
+    playbook(cluster)
+    wipe(cluster, "node04")
+    with Throttled(cluster, 200):
+        play = start_playbook(cluster, str(tmp_path / "killed.log"))
+        wait_for(lambda: received(cluster.api.root_of("node04") + MODEL) > 30 * 1024 * 1024, 180, "node04 to receive")
+        os.killpg(play.pid, signal.SIGKILL)  # the controller dies; its servers and copy jobs run on
+        play.wait(30)
+        orphans = leftovers(cluster, cluster.state["nodes"])
+        assert "node04" in orphans and any("server" in x for x in orphans.get("node03", [])), orphans
+        # let the orphaned copy finish by itself: then there is nothing left to copy, only servers to end
+        wait_for(lambda: not node_pids(cluster, "node04", b"AnsiballZ_weight_sync"), 300, "the orphaned copy to end")
+    assert leftovers(cluster, cluster.state["nodes"]), "the servers of the killed run should still be running"
+    rerun = playbook(cluster)
+    assert "Pull from the nodes before this one" not in rerun.stdout or "changed: [node0" not in \
+        rerun.stdout.split("Pull from the nodes before this one")[1].split("TASK")[0]
+    assert leftovers(cluster, cluster.state["nodes"]) == {}
+    assert digests(cluster, "node04") == digests(cluster, "node01")
+
+
+def test_the_chain_spans_the_nodes_of_several_instances_from_one_seed(cluster, tmp_path):
+    playbook(cluster)
+    inv = os.path.join(os.path.dirname(cluster.inventory), "replicas.yml")
+    with open(cluster.inventory) as f:
+        text = f.read()
+    text += ("    instance_a:\n      vars: {npuops_instance: a}\n      hosts: {node01: {}, node02: {}}\n"
+             "    instance_b:\n      vars: {npuops_instance: b}\n      hosts: {node03: {}, node04: {}}\n")
+    with open(inv, "w") as f:
+        f.write(text)
+    wipe(cluster, "node01", "node02", "node04")  # the seed is node03, the first host of the play
+    out = run([BIN + "/ansible-playbook", "-i", inv, "tests/playbooks/weights_replicas.yml"], timeout=900)
+    for node in ("node01", "node02", "node04"):
+        assert re.search(r"%s: 9/9 files, .* \(done\)" % node, out.stdout), out.stdout[-3000:]
+        assert digests(cluster, node) == digests(cluster, "node03"), node
+    assert leftovers(cluster, cluster.state["nodes"]) == {}
+
+
+def scan(c, secret, texts):
+    """Where `secret` shows: the given texts (output, ps samples), and every node's model directories, run
+    directory and async job results."""
+    found = [name for name, text in texts.items() if secret in text]
+    for node in c.state["nodes"]:
+        root = c.api.root_of(node)
+        for top in ("/srv/models", "/run/npuops", "/root/.ansible_async", "/tmp"):
+            for base, _dirs, files in os.walk(root + top):
+                for name in files:
+                    path = os.path.join(base, name)
+                    if name.endswith(".safetensors") or os.path.islink(path):
+                        continue  # random bytes, not text we write
+                    try:
+                        with open(path, "rb") as f:
+                            if secret.encode() in f.read():
+                                found.append("%s:%s" % (node, path[len(root):]))
+                    except OSError:
+                        pass
+    return found
+
+
+def test_the_weight_token_is_in_no_output_argv_file_or_report(cluster, tmp_path):
+    playbook(cluster)
+    token = "weights-secret-%s" % os.urandom(8).hex()
+    planted = cluster.api.root_of("node04") + MODEL + "/.npuops/planted"
+    with open(planted, "w") as f:
+        f.write(token)
+    assert scan(cluster, token, {}) == ["node04:%s/.npuops/planted" % MODEL]  # the scan would see a leak
+    os.unlink(planted)
+    extra = str(tmp_path / "secret.json")
+    with open(extra, "w") as f:
+        json.dump({"npuops_weights_token": token}, f)
+    wipe(cluster, "node04")
+    samples = []
+    with Throttled(cluster, 400):
+        play = start_playbook(cluster, str(tmp_path / "vvv.log"), "-vvv", "-e", "@" + extra)
+        while play.poll() is None:
+            samples.append(subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout)
+            time.sleep(0.5)
+    out = open(str(tmp_path / "vvv.log")).read()
+    assert play.returncode == 0, out[-3000:]
+    assert any("npuops_weight_server.py serve" in s for s in samples), "ps never saw the servers"
+    assert "weight_sync" in out and "Follow the copies" in out
+    assert scan(cluster, token, {"output at -vvv": out, "ps": "\n".join(samples)}) == []
+
+
+HUB_DOUBLE = r'''#!/usr/bin/python3
+"""A stand-in for the Hugging Face CLI (test infrastructure): `hf download REPO --revision R --local-dir D`
+"downloads" from /srv/hub/REPO/R. Gated: without HF_TOKEN it fails as the hub does."""
+import hashlib, os, shutil, sys
+args = sys.argv[1:]
+repo, rev, dest = args[1], args[args.index("--revision") + 1], args[args.index("--local-dir") + 1]
+token = os.environ.get("HF_TOKEN", "")
+with open("/tmp/hf-double.log", "a") as f:
+    f.write("download %s@%s token_sha256=%s endpoint=%s\n" % (
+        repo, rev, hashlib.sha256(token.encode()).hexdigest() if token else "-", os.environ.get("HF_ENDPOINT", "-")))
+src = os.path.join("/srv/hub", repo, rev)
+if not token:
+    sys.exit("401 Client Error: this repository is gated; log in or pass a token")
+if not os.path.isdir(src):
+    sys.exit("404 Client Error: %s@%s not found" % (repo, rev))
+os.makedirs(dest, exist_ok=True)
+for name in os.listdir(src):
+    shutil.copy2(os.path.join(src, name), os.path.join(dest, name))
+'''
+
+HUB_LISTING = r'''import http.server, sys
+token = open("/srv/hub/token").read().strip()
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        if self.headers.get("Authorization") != "Bearer " + token:
+            self.send_response(401); self.send_header("Content-Length", "0"); self.end_headers(); return
+        if not self.path.startswith("/api/models/org/k3/tree/rev1"):
+            self.send_response(404); self.send_header("Content-Length", "0"); self.end_headers(); return
+        body = open("/srv/hub/listing.json", "rb").read()
+        self.send_response(200); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+http.server.HTTPServer(("127.0.0.1", 18700), H).serve_forever()
+'''
+
+
+def test_the_seed_stage_downloads_checks_the_publisher_and_fans_out(cluster, tmp_path):
+    from npuops_sim import weights as synthetic
+    seed = cluster.api.root_of("node01")
+    hub = seed + "/srv/hub/org/k3/rev1"
+    synthetic.write_model(hub, 24 << 20, files=3)
+    hub_token = "hf_hubsecret%s" % os.urandom(6).hex()
+    with open(seed + "/srv/hub/token", "w") as f:
+        f.write(hub_token)
+    files = sorted(os.listdir(hub))
+    sha = dict((n, hashlib.sha256(open(os.path.join(hub, n), "rb").read()).hexdigest()) for n in files)
+    listing = [{"type": "file", "path": n, "lfs": {"oid": sha[n]}} if n.endswith(".safetensors")
+               else {"type": "file", "path": n} for n in files]
+    with open(seed + "/srv/hub/listing.json", "w") as f:
+        json.dump(listing, f)
+    with open(seed + "/srv/hub/listing.py", "w") as f:
+        f.write(HUB_LISTING)
+    with open(seed + "/usr/local/bin/hf", "w") as f:
+        f.write(HUB_DOUBLE)
+    os.chmod(seed + "/usr/local/bin/hf", 0o755)
+    listing_pid = cluster.api.spawn("node01", ["/usr/bin/python3", "/srv/hub/listing.py"])
+    dl = "/srv/models/dl"
+    settings = {"npuops_model_dir": dl, "npuops_weights_source": "huggingface", "npuops_weights_repo": "org/k3",
+                "npuops_weights_revision": "rev1", "npuops_weights_endpoint": "http://127.0.0.1:18700",
+                "npuops_weights_hub_token": hub_token}
+    extra = str(tmp_path / "hub.json")
+    with open(extra, "w") as f:
+        json.dump(settings, f)
+    try:
+        wait_for(lambda: cluster.api.nsenter("node01", ["/usr/bin/python3", "-c", "import socket; socket.create_connection("
+                                                        "('127.0.0.1', 18700), 1)"], check=False).returncode == 0,
+                 30, "the listing server")
+        first = playbook(cluster, "-vvv", "-e", "@" + extra)
+        for node in cluster.state["nodes"]:
+            got = dict((n, hashlib.sha256(open(cluster.api.root_of(node) + dl + "/" + n, "rb").read()).hexdigest())
+                       for n in files)
+            assert got == sha, node
+        log = open(seed + "/tmp/hf-double.log").read().splitlines()
+        assert log == ["download org/k3@rev1 token_sha256=%s endpoint=http://127.0.0.1:18700"
+                       % hashlib.sha256(hub_token.encode()).hexdigest()]  # the token reached the CLI, by environment
+        assert hub_token not in first.stdout + first.stderr
+        assert not [s for s in scan(cluster, hub_token, {}) if "/srv/hub/" not in s]
+        again = playbook(cluster, "-e", "@" + extra)
+        assert re.findall(r"changed=(\d+)", again.stdout) == ["0", "0", "0", "0"]
+        assert len(open(seed + "/tmp/hf-double.log").read().splitlines()) == 1  # downloaded once
+        # the publisher says another sha256 for one file: the seed fails, the stage fails for all, naming it
+        listing[1]["lfs"]["oid"] = "0" * 64
+        with open(seed + "/srv/hub/listing.json", "w") as f:
+            json.dump(listing, f)
+        bad = playbook(cluster, "-e", "@" + extra, check=False)
+        assert bad.returncode != 0
+        assert re.search(r"The weights stage failed \(preparing the seed\) on 1 host\(s\)", bad.stdout), bad.stdout[-3000:]
+        assert re.search(r"- node01: the weights under %s are not what they should be: %s: ours %s, publisher 0{64}"
+                         % (dl, re.escape(listing[1]["path"]), sha[listing[1]["path"]]), bad.stdout), bad.stdout[-3000:]
+        assert leftovers(cluster, cluster.state["nodes"]) == {}
+        # no CLI for the source asked for
+        settings.update(npuops_weights_source="modelscope")
+        with open(extra, "w") as f:
+            json.dump(settings, f)
+        nocli = playbook(cluster, "-e", "@" + extra, check=False)
+        assert nocli.returncode != 0 and "the seed has no `modelscope` command on its PATH" in nocli.stdout, \
+            nocli.stdout[-3000:]
+    finally:
+        os.kill(listing_pid, signal.SIGTERM)
+        os.unlink(seed + "/usr/local/bin/hf")

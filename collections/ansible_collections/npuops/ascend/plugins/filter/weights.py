@@ -1,19 +1,17 @@
 # -*- coding: utf-8 -*-
 # Copyright: npuops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The weight fan-out, planned on the controller: who relays to whom, and how the copies are doing.
+"""The weight fan-out, planned on the controller: who relays to whom, which hosts failed, how long it takes.
 
-The nodes form a chain in inventory order starting at the seed: each node pulls from the one before it,
-falling back to the ones before that and finally the seed, so a failed node is routed around. Because a
-node relays each piece as soon as it has checked it, the chain is pipelined: 1->N costs about one copy.
+The nodes form a chain, in the order of the play's hosts (every node of every instance), starting at the
+seed: each node pulls from the one before it, falling back to the ones before that and finally the seed, so
+a failed node is routed around. Because a node relays the bytes as they arrive (each receiver checks every
+piece itself), the chain is pipelined: 1->N costs about one copy.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
-
-import base64
-import json
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.npuops.ascend.plugins.module_utils import manifest as mf
@@ -44,47 +42,69 @@ def weights_servers(chain, receivers):
     return chain[:max(positions)] if positions else []
 
 
-def _gb(n):
-    return "%.1f" % (float(n or 0) / 1e9)
+def weights_failures(hostvars, hosts, key):
+    """{host: reason} of the hosts whose result registered under `key` failed or was unreachable. A host that
+    only stopped because another one failed is not a cause: it is left out while a cause is known."""
+    causes, echoes = {}, {}
+    for h in hosts:
+        r = hostvar(hostvars, h, key)
+        if not isinstance(r, dict):
+            continue
+        if r.get("unreachable"):
+            causes[h] = "unreachable (%s)" % str(r.get("msg") or "no answer").strip().splitlines()[0][:300]
+        elif r.get("failed"):
+            msg = str(r.get("msg") or "failed").strip()
+            (echoes if r.get("state") == "stopped" else causes)[h] = msg[:1000]
+    return causes or echoes
 
 
-def copy_state(status):
-    """running / done / failed from an async_status result. The role registers async_status with
-    failed_when: false (to keep watching the other nodes), which hides `failed`; a finished weight_sync
-    that succeeded always returns files_total, a failed one never does."""
-    status = status or {}
-    if not status.get("finished"):
-        return "running"
-    return "done" if "files_total" in status else "failed"
+def weights_failure_message(failures, stage):
+    """One message naming every failed host and its reason."""
+    return "\n".join(["The weights stage failed (%s) on %d host(s); the weight servers and copy jobs of this run "
+                      "were stopped on every reachable host:" % (stage, len(failures))]
+                     + ["- %s: %s" % (h, why) for h, why in sorted(failures.items())])
 
 
-def weights_progress(hostvars, receivers):
-    """One line per receiving node from its slurped sync-progress.json and its async status."""
-    lines = []
-    for h in receivers:
-        status = hostvar(hostvars, h, "npuops_weights_status", {}) or {}
-        raw = (hostvar(hostvars, h, "npuops_weights_progress", {}) or {}).get("content")
-        p = {}
-        if raw:
-            try:
-                p = json.loads(base64.b64decode(raw).decode("utf-8"))
-            except (ValueError, TypeError):
-                p = {}
-        state = copy_state(status)
-        if state == "running":
-            state = p.get("state", "starting") if p.get("state") != "done" else "finishing"
-        eta = p.get("eta_s")
-        lines.append("%s: %s/%s files, %s/%s GB, %s MB/s, ETA %s (%s)" % (
-            h, p.get("files_done", 0), p.get("files_total", "?"), _gb(p.get("bytes_done")), _gb(p.get("bytes_total")),
-            p.get("mb_per_s", 0), ("%dm%02ds" % divmod(int(eta), 60)) if eta is not None else "-", state))
-    return lines
+# TCP/IP over Ethernet carries about 94% of the line rate as payload (1448 of 1538 bytes per full frame)
+TCP_PAYLOAD_SHARE = 0.94
 
 
-def weights_done(hostvars, receivers, active=None):
-    """Every copy ended; a receiver that dropped out of the play (failed, unreachable) has ended too."""
-    if active is not None:
-        receivers = [h for h in receivers if h in active]
-    return all(copy_state(hostvar(hostvars, h, "npuops_weights_status")) != "running" for h in receivers)
+# a relay forwards what one read brought (64 KiB at least, more while the data flows) and looks for new bytes
+# at most every 16 ms: what each hop of the chain adds before its downstream has the bytes
+READ_MIN_BYTES, HOP_POLL_SECONDS, HOP_READ_SECONDS = 64 * 1024, 0.016, 0.02
+
+
+# what plan.yml assumes when the inventory does not say (npuops_disk_write_mb_s, npuops_fabric_link_gbit): the
+# sustained sequential write of one PCIe 4.0 NVMe data drive of an Atlas 800 A3, and a 400GbE fabric port
+DEFAULT_DISK_WRITE_MB_S = 3000
+DEFAULT_LINK_GBIT = 400
+
+
+def weights_copy_projection(total_bytes, nodes, disk_write_mb_s=None, link_gbit=None, parallel=4, start_seconds=2.0):
+    """The expected time of the weight copy from one seed to `nodes` - 1 receivers along the pipelined chain.
+
+    Every receiver takes the whole checkpoint once, at the slower of its disk and its link (each relay
+    forwards as it receives, so the chain does not divide a link between receivers); each hop adds the time
+    of one read of a stream plus a poll, and the copy starts after a couple of seconds (manifest,
+    connections). -> {seconds, rate_mb_s, bound, per_hop_seconds, text}."""
+    total_bytes, nodes = int(total_bytes), int(nodes)
+    disk_write_mb_s = DEFAULT_DISK_WRITE_MB_S if disk_write_mb_s in (None, "") else disk_write_mb_s
+    link_gbit = DEFAULT_LINK_GBIT if link_gbit in (None, "") else link_gbit
+    disk = float(disk_write_mb_s) * 1e6
+    link = float(link_gbit) * 1e9 / 8 * TCP_PAYLOAD_SHARE
+    if disk <= 0 or link <= 0:
+        raise AnsibleFilterError("weights_copy_projection: npuops_disk_write_mb_s and npuops_fabric_link_gbit must be "
+                                 "positive, got %s and %s" % (disk_write_mb_s, link_gbit))
+    rate = min(disk, link)
+    receivers = max(nodes - 1, 0)
+    per_hop = max(READ_MIN_BYTES * max(int(parallel), 1) / rate, HOP_READ_SECONDS) + HOP_POLL_SECONDS
+    seconds = start_seconds + total_bytes / rate + max(receivers - 1, 0) * per_hop if receivers else 0.0
+    bound = "disk write" if disk <= link else "link"
+    text = ("weights: %.1f GB from the seed to %d node(s) along the chain, each at %.0f MB/s (%s bound: disk %.0f MB/s, "
+            "link %s Gbit/s): about %dm%02ds" % (total_bytes / 1e9, receivers, rate / 1e6, bound, disk / 1e6,
+                                                 link_gbit, int(seconds) // 60, int(seconds) % 60))
+    return {"seconds": round(seconds, 1), "rate_mb_s": round(rate / 1e6, 1), "bound": bound,
+            "per_hop_seconds": round(per_hop, 4), "text": text}
 
 
 def weights_summary(hostvars, receivers):
@@ -112,14 +132,25 @@ def weights_download_argv(repo, source, revision, dest):
         raise AnsibleFilterError(str(e))
 
 
-def weights_listing_url(repo, source, revision):
-    return mf.listing_url(source, repo, revision)
+def weights_listing_url(repo, source, revision, endpoint=""):
+    try:
+        return mf.listing_url(source, repo, revision, endpoint)
+    except mf.ManifestError as e:
+        raise AnsibleFilterError(str(e))
+
+
+def weights_hub_env(source, token="", endpoint=""):
+    """The environment the vendor CLI reads its token and endpoint from (never its command line)."""
+    try:
+        return mf.hub_env(source, token, endpoint)
+    except mf.ManifestError as e:
+        raise AnsibleFilterError(str(e))
 
 
 class FilterModule(object):
     def filters(self):
         return {"weights_chain": weights_chain, "weights_sources": weights_sources, "weights_servers": weights_servers,
-                "weights_progress": weights_progress, "weights_done": weights_done, "weights_summary": weights_summary,
-                "weights_copy_state": copy_state,
+                "weights_failures": weights_failures, "weights_failure_message": weights_failure_message,
+                "weights_summary": weights_summary, "weights_copy_projection": weights_copy_projection,
                 "publisher_manifest": publisher_manifest, "weights_download_argv": weights_download_argv,
-                "weights_listing_url": weights_listing_url}
+                "weights_listing_url": weights_listing_url, "weights_hub_env": weights_hub_env}

@@ -24,11 +24,12 @@ import time
 
 from ansible_collections.npuops.ascend.plugins.module_utils import workers
 # where the manifest lives is defined once, by the self-contained server that must find it
-from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import STATE_DIR
+from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import PROGRESS_SUFFIX, STATE_DIR
 
 VERSION = 2
 PIECE_SIZE = 4 * 1024 * 1024
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+PARTIAL = (".part", PROGRESS_SUFFIX, PROGRESS_SUFFIX + ".tmp")
 
 
 class ManifestError(Exception):
@@ -36,8 +37,9 @@ class ManifestError(Exception):
 
 
 def walk(root):
-    """Relative paths of the regular files under root, sorted; skips our state dir, partial downloads and
-    anything that is a symlink (a symlink could point outside the model directory)."""
+    """Relative paths of the regular files under root, sorted; skips our state dir, partial copies (and
+    their progress records, also those older versions left) and anything that is a symlink (a symlink could
+    point outside the model directory)."""
     out = []
     root = os.path.abspath(root)
     for base, dirs, files in os.walk(root, followlinks=False):
@@ -46,7 +48,7 @@ def walk(root):
                          and not os.path.islink(os.path.join(base, d)))
         for name in sorted(files):
             full = os.path.join(base, name)
-            if name.endswith(".part") or os.path.islink(full) or not os.path.isfile(full):
+            if name.endswith(PARTIAL) or os.path.islink(full) or not os.path.isfile(full):
                 continue
             out.append(os.path.normpath(os.path.join(rel_base, name)) if rel_base != "." else name)
     return out
@@ -267,9 +269,35 @@ def download_argv(source, repo, revision, dest):
     raise ManifestError("unknown weights source %r (modelscope or huggingface)" % source)
 
 
-def listing_url(source, repo, revision):
+HUBS = {
+    # endpoint, and the environment variables the vendor's CLI/SDK reads the token and a mirror endpoint from
+    "huggingface": {"endpoint": "https://huggingface.co", "token_env": "HF_TOKEN", "endpoint_env": "HF_ENDPOINT"},
+    "modelscope": {"endpoint": "https://modelscope.cn", "token_env": "MODELSCOPE_API_TOKEN",
+                   "endpoint_env": "MODELSCOPE_DOMAIN"},
+}
+
+
+def _hub(source):
+    if source not in HUBS:
+        raise ManifestError("unknown weights source %r (modelscope or huggingface)" % source)
+    return HUBS[source]
+
+
+def listing_url(source, repo, revision, endpoint=""):
+    """The publisher's per-file listing at `revision`, at its own endpoint or at a mirror's."""
+    base = (endpoint or _hub(source)["endpoint"]).rstrip("/")
     if source == "huggingface":
-        return "https://huggingface.co/api/models/%s/tree/%s?recursive=1" % (repo, revision)
-    if source == "modelscope":
-        return "https://modelscope.cn/api/v1/models/%s/repo/files?Revision=%s&Recursive=true" % (repo, revision)
-    raise ManifestError("unknown weights source %r (modelscope or huggingface)" % source)
+        return "%s/api/models/%s/tree/%s?recursive=1" % (base, repo, revision)
+    return "%s/api/v1/models/%s/repo/files?Revision=%s&Recursive=true" % (base, repo, revision)
+
+
+def hub_env(source, token="", endpoint=""):
+    """{variable: value} for the download CLI: the token of a gated repository and a mirror endpoint.
+    ModelScope's variable takes a host name, not a URL."""
+    hub = _hub(source)
+    env = {}
+    if token:
+        env[hub["token_env"]] = token
+    if endpoint:
+        env[hub["endpoint_env"]] = endpoint.split("://", 1)[-1].rstrip("/") if source == "modelscope" else endpoint
+    return env

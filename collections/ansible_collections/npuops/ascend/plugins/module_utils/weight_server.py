@@ -5,13 +5,19 @@
 
 Serves only manifest paths (anything else, ``..``, absolute paths, symlinks out of the directory: 404), to
 requests that carry the run's token (401 without, 403 wrong; logged without the token); Range requests; the
-body goes out with sendfile. It also serves a file still arriving on this node, piece by piece as pieces
-are checked, which is what lets the nodes form a pipelined chain (seed -> n1 -> n2 ...) where 1->N costs
-about one copy. It exits after an idle timeout.
+body goes out with sendfile. It also serves a file still arriving on this node: the bytes this node's copy
+has received so far, as they land (cut-through). Every receiver checks every piece against the seed's
+manifest itself, so a relay never needs to vouch for what it forwards, and the nodes form a pipelined chain
+(seed -> n1 -> n2 ...) where 1->N costs about one copy plus a fraction of a second per hop. A relay whose
+own copy is not running (ended, failed, killed) does not keep its downstream waiting: it answers 503 or
+closes the connection, and the downstream asks another peer. ``/ping`` answers at once: what a client asks
+to tell a peer that waits for its own upstream from one that is frozen or gone. It exits after an idle
+timeout.
 
 Self-contained, standard library only: weight_serve writes this file out and runs it as its own process,
-``python3 weight_server.py serve --root R --bind A --port P --token-file F`` (the token file is read and
-deleted, so the secret is in no command line and no log).
+``python3 npuops_weight_server.py serve --root R --bind A --port P --token-file F --run-id ID`` (the token
+file is read and deleted, so the secret is in no command line and no log; the run id names the run that
+started it, so a later run can end it).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -27,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 
 try:  # Python 3
     from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -37,46 +44,104 @@ except ImportError:  # pragma: no cover - Python 2 is not supported on the nodes
 
 STATE_DIR = ".npuops"
 PROGRESS_SUFFIX = ".part.progress"
+SCRIPT_NAME = "npuops_weight_server.py"
+# a copy whose progress file was not rewritten for this long is not running (the client rewrites it every 2 s)
+LIVE_SECONDS = 15
+# a request for bytes still arriving looks again after 1 ms, then 2, 4, ... at most 16 ms: a relay adds little
+# latency per hop, and many waiting requests cost little CPU
+POLL_FIRST, POLL_MAX = 0.001, 0.016
+
+# <file>.part.progress is one fixed-width record the receiving client rewrites in place (no temporary file,
+# nothing left over by a full disk): pieces checked, bytes received, and a CRC of both, so a reader that
+# races the writer sees a record that does not check rather than a wrong number.
+_RECORD = "%012d %016d "
+RECORD_BYTES = len(_RECORD % (0, 0)) + 9
 
 
 def manifest_path(root):
     return os.path.join(root, STATE_DIR, "manifest.json")
 
 
-def read_progress(final_path):
-    """Pieces of `<final_path>.part` already checked (written by the client as it goes)."""
+def sync_progress_path(root):
+    return os.path.join(root, STATE_DIR, "sync-progress.json")
+
+
+def encode_progress(checked, received):
+    head = _RECORD % (checked, received)
+    return ("%s%08x\n" % (head, zlib.crc32(head.encode("ascii")) & 0xffffffff)).encode("ascii")
+
+
+def decode_progress(raw):
+    """(pieces checked, bytes received or None) from a progress record; None when it does not check.
+
+    A record of an older version is one decimal number of pieces checked (received: None, unknown)."""
     try:
-        with open(final_path + PROGRESS_SUFFIX) as f:
-            return int(f.read().strip() or 0)
+        text = raw.decode("ascii")
+    except (UnicodeDecodeError, AttributeError):
+        return None
+    if len(raw) == RECORD_BYTES and text.endswith("\n"):
+        head, crc = text[:-9], text[-9:-1]
+        try:
+            if int(crc, 16) == zlib.crc32(head.encode("ascii")) & 0xffffffff:
+                checked, received = head.split()
+                return int(checked), int(received)
+        except ValueError:
+            return None
+        return None
+    stripped = text.strip()
+    return (int(stripped), None) if stripped.isdigit() else None
+
+
+def read_progress(final_path, tries=3):
+    """(pieces checked, bytes received or None) of `<final_path>.part`; (0, 0) when there is no record."""
+    for _attempt in range(tries):
+        try:
+            with open(final_path + PROGRESS_SUFFIX, "rb") as f:
+                got = decode_progress(f.read(64))
+        except (IOError, OSError):
+            return 0, 0
+        if got is not None:
+            return got
+        time.sleep(0.001)  # raced the writer: read again
+    return 0, 0
+
+
+def local_copy_running(root, now=None):
+    """Whether this node's own copy into `root` is running (its progress was rewritten lately)."""
+    try:
+        with open(sync_progress_path(root)) as f:
+            state = json.load(f)
     except (IOError, OSError, ValueError):
-        return 0
-
-
-def write_progress(final_path, pieces):
-    tmp = final_path + PROGRESS_SUFFIX + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(str(pieces))
-    os.rename(tmp, final_path + PROGRESS_SUFFIX)
+        return False
+    now = time.time() if now is None else now
+    return state.get("state") == "running" and now - float(state.get("updated") or 0) < LIVE_SECONDS
 
 
 class _Server(ThreadingMixIn, HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 64
+
+
+class _Gone(Exception):
+    """The bytes of a file still arriving stopped coming (this node's copy ended or stalled)."""
 
 
 class WeightServer(object):
     """Serves `root` on bind:port to clients with `token` (see module docstring)."""
 
-    def __init__(self, root, bind, port, token, idle_timeout=600, wait_timeout=300, log=None):
+    def __init__(self, root, bind, port, token, idle_timeout=600, wait_timeout=300, log=None, run_id=None):
         self.root = os.path.realpath(root)
         self.token = token.encode("utf-8")
         self.idle_timeout = idle_timeout
         self.wait_timeout = wait_timeout
+        self.run_id = run_id
         self.log_file = log
         self.active = 0
         self.last = time.time()
         self.lock = threading.Lock()
         self._manifest = (None, None)
+        self._live = (0.0, False)
         handler = self._handler()
         self.httpd = _Server((bind, port), handler)
         self.port = self.httpd.server_address[1]
@@ -100,6 +165,15 @@ class WeightServer(object):
             self._manifest = (key, (json.loads(raw.decode("utf-8")), raw))
         return self._manifest[1]
 
+    def copy_running(self):
+        """local_copy_running, looked up at most once a second for all requests."""
+        now = time.time()
+        checked_at, running = self._live
+        if now - checked_at > 1.0:
+            running = local_copy_running(self.root, now)
+            self._live = (now, running)
+        return running
+
     def touch(self, delta=0):
         with self.lock:
             self.active += delta
@@ -122,36 +196,55 @@ class WeightServer(object):
         self.httpd.serve_forever(poll_interval=0.2)
         self.httpd.server_close()
 
-    def locate(self, rel, entry, start, end):
-        """(path, available) of a servable copy of `rel` covering [start, end], waiting for pieces still
-        arriving; (None, reason) when it does not come within wait_timeout."""
+    def locate(self, rel, entry):
+        """(path, complete) of a servable copy of `rel`: the whole file, or the .part still arriving;
+        (None, reason) when there is none."""
         final = os.path.join(self.root, rel)
         real = os.path.realpath(final)
         if not real.startswith(self.root + os.sep) or real != os.path.abspath(final):
             return None, "outside the model directory"
+        try:
+            if os.path.getsize(final) == entry["size"] and not os.path.islink(final):
+                return final, True
+        except OSError:
+            pass
+        if os.path.exists(final + ".part"):
+            return final + ".part", False
+        return None, "not here yet"
+
+    def received(self, rel, entry, piece):
+        """Bytes of `rel` this node has received so far: its copy's progress record, or the whole file once
+        the copy renamed it into place (and removed the record)."""
+        final = os.path.join(self.root, rel)
+        checked, received = read_progress(final)
+        if (checked, received) == (0, 0) and self.locate(rel, entry)[1] is True:
+            return entry["size"]
+        return checked * piece if received is None else received
+
+    def wait_for(self, rel, entry, piece, want):
+        """Wait until more than `want` bytes of `rel` arrived; -> bytes received. Raises _Gone when this
+        node's copy is not running or nothing arrived for wait_timeout."""
         deadline = time.time() + self.wait_timeout
-        piece = self.manifest()[0].get("piece_size") or 1
+        pause = POLL_FIRST
         while True:
-            try:
-                if os.path.getsize(final) == entry["size"] and not os.path.islink(final):
-                    return final, entry["size"]
-            except OSError:
-                pass
-            part = final + ".part"
-            available = min(read_progress(final) * piece, entry["size"])
-            if available > end and os.path.exists(part):
-                return part, available
+            got = self.received(rel, entry, piece)
+            if got > want:
+                return got
+            if not self.copy_running():
+                raise _Gone("this node's copy is not running")
             if time.time() > deadline:
-                return None, "not here yet"
+                raise _Gone("nothing arrived for %ss" % self.wait_timeout)
             self.touch()
-            time.sleep(0.01)  # a relay's downstream waits at most this long past a piece's arrival
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX)
 
     def _handler(self):
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
-            server_version = "npuops-weights/1"
+            server_version = "npuops-weights/2"
+            timeout = 120  # a peer that stops reading does not hold a thread forever
 
             def log_message(self, fmt, *args):  # silence the default stderr log; we log without headers
                 pass
@@ -184,6 +277,8 @@ class WeightServer(object):
                 if not hmac.compare_digest(auth[7:].strip().encode("utf-8"), server.token):
                     server.log("403 %s from %s (wrong token)" % (self.path[:200], peer))
                     return self.reply(403, b"wrong token\n")
+                if self.path == "/ping":
+                    return self.reply(200, b"ok\n")
                 manifest, raw = server.manifest()
                 if self.path == "/manifest":
                     if manifest is None:
@@ -209,37 +304,62 @@ class WeightServer(object):
                             raise ValueError(rng)
                     except ValueError:
                         return self.reply(416, b"bad range\n", extra={"Content-Range": "bytes */%d" % size})
-                path, available = server.locate(rel, entry, start, end)
+                path, complete = server.locate(rel, entry)
                 if path is None:
-                    code = 404 if available == "outside the model directory" else 503
-                    server.log("%d %s from %s (%s)" % (code, rel, peer, available))
-                    return self.reply(code, (available + "\n").encode(), extra={"Retry-After": "1"})
-                count = end - start + 1
+                    code = 404 if complete == "outside the model directory" else 503
+                    server.log("%d %s from %s (%s)" % (code, rel, peer, complete))
+                    return self.reply(code, (complete + "\n").encode(), extra={"Retry-After": "1"})
+                piece = int(manifest.get("piece_size") or 1)
+                available = end + 1
+                if not complete:
+                    try:
+                        available = min(server.wait_for(rel, entry, piece, start), end + 1)
+                    except _Gone as e:
+                        server.log("503 %s from %s (%s)" % (rel, peer, e))
+                        return self.reply(503, ("%s\n" % e).encode(), extra={"Retry-After": "1"})
+                self.send_body(path, rel, entry, piece, start, end, available, rng is not None)
+
+            def send_body(self, path, rel, entry, piece, start, end, available, ranged):
+                """The bytes [start, end]; of a file still arriving, each as soon as it is here."""
                 with open(path, "rb") as f:
-                    self.send_response(206 if rng else 200)
+                    self.send_response(206 if ranged else 200)
                     self.send_header("Content-Type", "application/octet-stream")
-                    self.send_header("Content-Length", str(count))
-                    if rng:
-                        self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
+                    self.send_header("Content-Length", str(end - start + 1))
+                    if ranged:
+                        self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, entry["size"]))
                     self.end_headers()
                     self.wfile.flush()
-                    sent = self.connection.sendfile(f, start, count)
-                    if sent != count:
-                        self.close_connection = True
+                    pos = start
+                    while True:
+                        if available > pos:
+                            sent = self.connection.sendfile(f, pos, available - pos)
+                            pos += sent
+                            if not sent:
+                                break
+                        if pos > end:
+                            return
+                        try:
+                            got = server.wait_for(rel, entry, piece, pos)
+                        except _Gone as e:
+                            server.log("%s from %s: closed at byte %d (%s)" % (rel, self.client_address[0], pos, e))
+                            break
+                        available = min(got, end + 1)
+                self.close_connection = True  # fewer bytes than announced: the client asks another peer
 
         return Handler
 
 
 def serve_main(argv):
-    """python3 transfer.py serve --root R --bind A --port P --token-file F [--idle-timeout S] [--log L]"""
+    """python3 npuops_weight_server.py serve --root R --bind A --port P --token-file F [--run-id ID]
+    [--idle-timeout S] [--log L]"""
     args = dict(zip(argv[::2], argv[1::2]))
     with open(args["--token-file"]) as f:
         token = f.read().strip()
     os.unlink(args["--token-file"])  # the secret lives only in this process from here on
     log = open(args["--log"], "a") if args.get("--log") else None
     srv = WeightServer(args["--root"], args["--bind"], int(args["--port"]), token,
-                       idle_timeout=float(args.get("--idle-timeout", 600)), log=log)
-    srv.log("serving %s on %s:%d" % (srv.root, args["--bind"], srv.port))
+                       idle_timeout=float(args.get("--idle-timeout", 600)), log=log, run_id=args.get("--run-id"))
+    srv.log("serving %s on %s:%d for run %s" % (srv.root, args["--bind"], srv.port, srv.run_id))
     sys.stdout.write("ready %d\n" % srv.port)
     sys.stdout.flush()
     os.close(1)
@@ -247,12 +367,14 @@ def serve_main(argv):
     return 0
 
 
-def launch(python, script, root, bind, port, token_file, idle_timeout, log_path, timeout=15):
+def launch(python, script, root, bind, port, token_file, idle_timeout, log_path, run_id="", timeout=15):
     """Start `script` (this file) as a detached server; -> (pid, None) once it listens, or (None, error)."""
     log = open(log_path, "a")
-    proc = subprocess.Popen([python, script, "serve", "--root", root, "--bind", bind, "--port", str(port),
-                             "--token-file", token_file, "--idle-timeout", str(idle_timeout), "--log", log_path],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, close_fds=True,
+    argv = [python, script, "serve", "--root", root, "--bind", bind, "--port", str(port), "--token-file", token_file,
+            "--idle-timeout", str(idle_timeout), "--log", log_path]
+    if run_id:
+        argv += ["--run-id", run_id]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, close_fds=True,
                             preexec_fn=os.setsid)
     ready = select.select([proc.stdout], [], [], timeout)[0]
     line = proc.stdout.readline().decode() if ready else ""
@@ -270,5 +392,5 @@ def launch(python, script, root, bind, port, token_file, idle_timeout, log_path,
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "serve":
         raise SystemExit(serve_main(sys.argv[2:]))
-    sys.stderr.write("usage: weight_server.py serve --root R --bind A --port P --token-file F\n")
+    sys.stderr.write("usage: npuops_weight_server.py serve --root R --bind A --port P --token-file F\n")
     raise SystemExit(2)

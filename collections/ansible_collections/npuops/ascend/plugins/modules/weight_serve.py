@@ -43,6 +43,12 @@ options:
     description: Seconds without requests after which the server exits.
     type: int
     default: 600
+  run_id:
+    description:
+      - The id of the run that starts the server; it is in the server's command line, so that a later run can
+        end it (M(npuops.ascend.weight_stop)). Not a secret.
+    type: str
+    default: ""
   state:
     description: V(started) or V(stopped).
     type: str
@@ -113,7 +119,7 @@ from ansible_collections.npuops.ascend.plugins.module_utils import weight_server
 def files(run_dir, port):
     base = os.path.join(run_dir, "weight_serve-%d" % port)
     return {"state": base + ".json", "log": base + ".log", "token": base + ".token",
-            "script": os.path.join(run_dir, "npuops_weight_server.py")}
+            "script": os.path.join(run_dir, weight_server.SCRIPT_NAME)}
 
 
 def running(state_path, script):
@@ -156,6 +162,7 @@ def main():
             port=dict(type="int", default=18090),
             token=dict(type="str", no_log=True),
             idle_timeout=dict(type="int", default=600),
+            run_id=dict(type="str", default=""),
             state=dict(type="str", choices=["started", "stopped"], default="started"),
             run_dir=dict(type="path", default="/run/npuops"),
         ),
@@ -175,7 +182,8 @@ def main():
         # a relay serves what arrives: its directory may not exist before its own copy starts
         os.makedirs(p["path"], 0o755)
     wanted = {"root": os.path.realpath(p["path"]), "bind": p["bind"], "port": p["port"],
-              "token_sha256": hashlib.sha256(p["token"].encode()).hexdigest(), "idle_timeout": p["idle_timeout"]}
+              "token_sha256": hashlib.sha256(p["token"].encode()).hexdigest(), "idle_timeout": p["idle_timeout"],
+              "run_id": p["run_id"]}
     url = "http://%s:%d" % (p["bind"], p["port"])
     if current and all(current.get(k) == v for k, v in wanted.items()):
         module.exit_json(changed=False, url=url, pid=current["pid"], log=paths["log"])
@@ -191,7 +199,7 @@ def main():
     with os.fdopen(fd, "w") as f:
         f.write(p["token"])
     pid, error = weight_server.launch(sys.executable, paths["script"], p["path"], p["bind"], p["port"], paths["token"],
-                                      p["idle_timeout"], paths["log"])
+                                      p["idle_timeout"], paths["log"], run_id=p["run_id"])
     if pid is None:
         module.fail_json(msg="the weight server did not start on %s:%d: %s" % (p["bind"], p["port"], error))
     with open(paths["state"], "w") as f:

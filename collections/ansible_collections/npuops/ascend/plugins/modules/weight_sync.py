@@ -18,10 +18,18 @@ description:
     order. The file is
     written to C(<file>.part), fsynced and renamed into place once every piece matched the seed's manifest
     (each piece's sha256 is checked as it arrives).
-  - A copy that was killed resumes from its last checked piece. A peer that goes away is routed around
-    (the next peer in O(src_url) is asked). A piece that does not match is fetched once more, then the task
-    fails naming the file, the piece and both digests. A full disk fails the task with nothing half-written
-    renamed into place (the space of each file is claimed before it is fetched).
+  - Bytes are written as they arrive, so this node's own server (M(npuops.ascend.weight_serve)) relays them
+    to the next node at once; the next node checks every piece itself.
+  - A copy that was killed resumes from its last checked piece. A peer that refuses connections, breaks
+    them, or is frozen (sends nothing for O(peer_timeout) seconds and does not answer a ping) is routed
+    around from the byte where it stopped, and stays demoted (asked last) with a backoff that doubles up to a
+    minute, until it answers again. A piece that does not match is fetched once more, then the task fails
+    naming the file, the piece and both digests. A full disk fails the task before any byte moves when the
+    free space is short, or else with every C(.part) of the copy removed and nothing half-written renamed
+    into place.
+  - Writeback of every piece starts as it is checked, and a few pieces later its pages are dropped from the
+    page cache (unless O(keep_cache) or O(prewarm)), so a checkpoint larger than the node's memory is copied
+    without a build-up of dirty pages.
   - A second run with nothing changed moves no bytes and reports no change.
 author:
   - npuops maintainers (@npuops)
@@ -57,6 +65,27 @@ options:
     description: Seconds a piece may be unavailable from every peer before the copy fails.
     type: int
     default: 300
+  peer_timeout:
+    description:
+      - Seconds a peer may send nothing before it is pinged; a peer that does not answer the ping either is
+        routed around. A copy with a frozen or powered-off peer ends at most about this long (plus a
+        3-second ping) later than without it.
+    type: int
+    default: 10
+  keep_cache:
+    description: Keep the pages the copy wrote in the page cache (what a prewarm wants) instead of dropping them.
+    type: bool
+    default: false
+  run_id:
+    description:
+      - The id of the run this copy belongs to. While it runs the copy records itself (PID and run id) under
+        O(run_dir), so M(npuops.ascend.weight_stop) can end it; its progress file names the run.
+    type: str
+    default: ""
+  run_dir:
+    description: Where the copy records itself while it runs.
+    type: path
+    default: /run/npuops
   prewarm:
     description: Read every file once after the copy, so the engine's weight load starts from the page cache.
     type: bool
@@ -69,7 +98,8 @@ attributes:
     description: No diff; RV(files_to_fetch) lists what changes.
     support: none
 notes:
-  - While it runs it writes its progress (files, bytes, MB/s, ETA) to C(<dest>/.npuops/sync-progress.json).
+  - While it runs it writes its progress (run id, files, bytes, MB/s of the last seconds, ETA) to
+    C(<dest>/.npuops/sync-progress.json) every 2 seconds.
 seealso:
   - module: npuops.ascend.weight_serve
   - module: npuops.ascend.weight_manifest
@@ -131,6 +161,12 @@ mb_per_s:
   description: Bytes fetched per second, in MB/s.
   returned: always
   type: float
+peer_failures:
+  description: The peers that were routed around, why, and when (seconds into the copy).
+  returned: when files were fetched
+  type: list
+  elements: dict
+  sample: [{"peer": "http://10.214.1.100:18090", "reason": "sent nothing for 10s and did not answer a ping", "at": 9.5}]
 prewarm_seconds:
   description: Time spent reading the files into the page cache.
   returned: when O(prewarm=true)
@@ -139,7 +175,7 @@ prewarm_seconds:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.npuops.ascend.plugins.module_utils import transfer
+from ansible_collections.npuops.ascend.plugins.module_utils import transfer, weight_runs
 
 
 def main():
@@ -153,6 +189,10 @@ def main():
             verify=dict(type="str", choices=["fast", "full"], default="fast"),
             stall_timeout=dict(type="int", default=300),
             prewarm=dict(type="bool", default=False),
+            peer_timeout=dict(type="int", default=10),
+            keep_cache=dict(type="bool", default=False),
+            run_id=dict(type="str", default=""),
+            run_dir=dict(type="path", default="/run/npuops"),
         ),
         required_one_of=[("src_url", "manifest")],
         supports_check_mode=True,
@@ -160,14 +200,19 @@ def main():
     p = module.params
     if p["src_url"] and not p["token"]:
         module.fail_json(msg="src_url needs the servers' token")
+    record = None if module.check_mode else weight_runs.record_job(p["run_dir"], p["run_id"], p["dest"])
     try:
         result = transfer.sync(p["src_url"], p["token"] or "", p["dest"], manifest=p["manifest"],
                                parallel=p["parallel"], verify=p["verify"], check_only=module.check_mode,
-                               stall_timeout=p["stall_timeout"], prewarm=p["prewarm"])
+                               stall_timeout=p["stall_timeout"], prewarm=p["prewarm"], peer_timeout=p["peer_timeout"],
+                               keep_cache=p["keep_cache"], run_id=p["run_id"])
     except transfer.TransferError as e:
         module.fail_json(msg=str(e), dest=p["dest"])
     except (IOError, OSError) as e:
         module.fail_json(msg="copying into %s failed: %s" % (p["dest"], e), dest=p["dest"])
+    finally:
+        if record:
+            weight_runs.forget_job(record)
     module.exit_json(**result)
 
 

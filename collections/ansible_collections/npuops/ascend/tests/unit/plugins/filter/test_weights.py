@@ -3,9 +3,6 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import base64
-import json
-
 import pytest
 from ansible.errors import AnsibleFilterError
 
@@ -27,20 +24,47 @@ def test_the_chain_starts_at_the_seed_and_falls_back_towards_it():
         weights.weights_chain(["n1"], "n9")
 
 
-def progress(d):
-    return {"content": base64.b64encode(json.dumps(d).encode()).decode()}
+def test_failures_name_causes_not_the_hosts_stopped_because_of_them():
+    hv = {"n1": {"st": {"state": "done", "files_fetched": 3}},
+          "n2": {"st": {"failed": True, "state": "stopped", "msg": "stopped because n3 unreachable: ..."}},
+          "n3": {"st": {"unreachable": True, "msg": "Task failed: Failed to connect to the host via ssh: timed out\nmore"}},
+          "n4": {"st": {"failed": True, "state": "failed", "msg": "n4: the weight copy failed: disk full"}},
+          "n5": {}}
+    f = weights.weights_failures(hv, ["n1", "n2", "n3", "n4", "n5"], "st")
+    assert f == {"n3": "unreachable (Task failed: Failed to connect to the host via ssh: timed out)",
+                 "n4": "n4: the weight copy failed: disk full"}
+    msg = weights.weights_failure_message(f, "copying")
+    assert msg.splitlines()[0].startswith("The weights stage failed (copying) on 2 host(s)")
+    assert msg.splitlines()[1:] == ["- n3: unreachable (Task failed: Failed to connect to the host via ssh: timed out)",
+                                    "- n4: n4: the weight copy failed: disk full"]
+    # with no cause left (the failing host's own result is missing), the stopped ones are still named
+    assert list(weights.weights_failures({"n2": hv["n2"]}, ["n2"], "st")) == ["n2"]
 
 
-def test_progress_lines_and_copy_states():
-    hv = {"a": {"npuops_weights_status": {"finished": 0},
-                "npuops_weights_progress": progress({"state": "running", "files_done": 3, "files_total": 64,
-                                                     "bytes_done": 180e9, "bytes_total": 1500e9, "mb_per_s": 490.1,
-                                                     "eta_s": 2700})},
-          "b": {"npuops_weights_status": {"finished": 1, "files_total": 64, "files_fetched": 64}},
-          "c": {"npuops_weights_status": {"finished": 1, "msg": "model-1: piece 3 ..."}}}
-    lines = weights.weights_progress(hv, ["a", "b", "c"])
-    assert lines[0] == "a: 3/64 files, 180.0/1500.0 GB, 490.1 MB/s, ETA 45m00s (running)"
-    assert lines[1].endswith("(done)") and lines[2].endswith("(failed)")
-    assert not weights.weights_done(hv, ["a", "b", "c"])
-    assert weights.weights_done(hv, ["a", "b", "c"], active=["b", "c"])  # a dropped out of the play
-    assert weights.weights_summary(hv, ["b"])["b"]["files_fetched"] == 64
+def test_the_projection_is_the_chain_at_the_slower_of_disk_and_link():
+    # 1.5 TB, 16 nodes, NVMe 3000 MB/s, 400GbE: the disk bounds; 15 receivers cost one copy plus 14 hops
+    p = weights.weights_copy_projection(1500 * 10 ** 9, 16, 3000, 400)
+    hop = max(64 * 1024 * 4 / 3e9, 0.02) + 0.016
+    assert p["bound"] == "disk write" and p["rate_mb_s"] == 3000.0
+    assert p["seconds"] == round(2.0 + 1500e9 / 3e9 + 14 * hop, 1) and "about 8m22s" in p["text"]
+    # a slow link bounds instead: 10 Gbit/s carries 10e9 / 8 * 0.94 bytes/s of payload
+    slow = weights.weights_copy_projection(10 ** 9, 8, 3000, 10)
+    assert slow["bound"] == "link" and slow["rate_mb_s"] == round(10e9 / 8 * 0.94 / 1e6, 1)
+    assert weights.weights_copy_projection(10 ** 9, 1, 3000, 10)["seconds"] == 0.0  # nothing to copy
+    assert weights.weights_copy_projection(10 ** 9, 4, None, None)["rate_mb_s"] == 3000.0  # the A3 defaults
+    with pytest.raises(AnsibleFilterError, match="must be positive"):
+        weights.weights_copy_projection(10 ** 9, 4, 0, 400)
+
+
+def test_the_hub_token_goes_to_the_environment_never_the_command_line():
+    argv = weights.weights_download_argv("moonshotai/Kimi-K3", "huggingface", "abc123", "/data/k3")
+    assert argv == ["hf", "download", "moonshotai/Kimi-K3", "--revision", "abc123", "--local-dir", "/data/k3"]
+    assert weights.weights_hub_env("huggingface", "hf_secret", "http://127.0.0.1:8080") == {
+        "HF_TOKEN": "hf_secret", "HF_ENDPOINT": "http://127.0.0.1:8080"}
+    assert weights.weights_hub_env("modelscope", "ms-secret", "https://mirror.example:8443/") == {
+        "MODELSCOPE_API_TOKEN": "ms-secret", "MODELSCOPE_DOMAIN": "mirror.example:8443"}
+    assert weights.weights_hub_env("huggingface") == {}
+    assert weights.weights_listing_url("a/b", "huggingface", "r1", "http://127.0.0.1:8080/") == \
+        "http://127.0.0.1:8080/api/models/a/b/tree/r1?recursive=1"
+    with pytest.raises(AnsibleFilterError, match="unknown weights source"):
+        weights.weights_hub_env("s3")

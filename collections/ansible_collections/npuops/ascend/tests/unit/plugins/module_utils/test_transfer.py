@@ -53,6 +53,12 @@ def server(seed):
     s.stop()
 
 
+def write_record(final, checked):
+    """The progress record a killed copy leaves next to its .part."""
+    with open(final + weight_server.PROGRESS_SUFFIX, "wb") as f:
+        f.write(weight_server.encode_progress(checked, checked * PIECE))
+
+
 def same_tree(a, b, m):
     return all(filecmp.cmp(os.path.join(a, r), os.path.join(b, r), shallow=False) for r in m["files"])
 
@@ -99,7 +105,7 @@ def test_a_killed_copy_resumes_with_less_than_one_file_resent(seed, server, tmp_
     data = open(os.path.join(root, big), "rb").read()
     with open(os.path.join(dest, big + ".part"), "wb") as f:
         f.write(data[:3 * PIECE + PIECE // 2])
-    transfer.write_progress(os.path.join(dest, big), 3)
+    write_record(os.path.join(dest, big), 3)
     out = transfer.sync([server.url], TOKEN, dest)
     assert out["bytes_resumed"] == 3 * PIECE
     assert out["bytes_fetched"] == manifest.total_bytes(m) - 3 * PIECE
@@ -114,7 +120,7 @@ def test_a_resumed_part_with_a_bad_piece_is_refetched_from_there(seed, server, t
     data = bytearray(open(os.path.join(root, big), "rb").read()[:4 * PIECE])
     data[2 * PIECE + 7] ^= 0xFF
     open(os.path.join(dest, big + ".part"), "wb").write(bytes(data))
-    transfer.write_progress(os.path.join(dest, big), 4)
+    write_record(os.path.join(dest, big), 4)
     out = transfer.sync([server.url], TOKEN, dest)
     assert out["bytes_resumed"] == 2 * PIECE and same_tree(root, dest, m)
 
@@ -219,13 +225,14 @@ def test_range_requests(seed, server):
     root, m = seed
     rel = "model-00001-of-00003.safetensors"
     data = open(os.path.join(root, rel), "rb").read()
-    src = transfer.Source(server.url, TOKEN)
-    resp = src.get("/files/" + rel, (100, 199))
-    assert resp.status == 206 and resp.read() == data[100:200]
-    assert resp.getheader("Content-Range") == "bytes 100-199/%d" % len(data)
-    resp = src.get("/files/" + rel, (len(data) + 5, len(data) + 9))
-    assert resp.status == 416
-    resp.read()
+    conn = transfer.Connection("127.0.0.1", server.srv.port)
+    status, headers = conn.request("/files/" + rel, TOKEN, (100, 199))
+    assert status == 206 and conn.read_body() == data[100:200]
+    assert headers["content-range"] == "bytes 100-199/%d" % len(data)
+    status, _headers = conn.request("/files/" + rel, TOKEN, (len(data) + 5, len(data) + 9))
+    assert status == 416
+    conn.read_body()
+    conn.close()
 
 
 def test_disk_full_fails_cleanly(seed, server, tmp_path, monkeypatch):
@@ -242,8 +249,18 @@ def test_disk_full_fails_cleanly(seed, server, tmp_path, monkeypatch):
     monkeypatch.setattr(os, "pwrite", full)
     with pytest.raises(transfer.DiskFullError, match="disk full while writing .* nothing was renamed into place"):
         transfer.sync([server.url], TOKEN, dest, parallel=1)
-    leftovers = [f for _r, _d, fs in os.walk(dest) for f in fs if f.endswith((".part", ".progress"))]
+    leftovers = [f for _r, _d, fs in os.walk(dest) for f in fs if ".part" in f]  # incl. no .part.progress.tmp
     assert leftovers == []
+    with open(os.path.join(dest, ".npuops", "sync-progress.json")) as f:
+        assert json.load(f)["state"] == "failed"
+
+
+def test_a_copy_that_cannot_fit_fails_before_a_byte_moves(seed, server, tmp_path, monkeypatch):
+    root, m = seed
+    monkeypatch.setattr(transfer, "free_bytes", lambda path: 2 << 20)
+    with pytest.raises(transfer.DiskFullError, match=r"needs 0\.0 GB more for the 5 files to fetch, 0\.0 GB are free"):
+        transfer.sync([server.url], TOKEN, str(tmp_path / "dest"))
+    assert not [f for _r, _d, fs in os.walk(str(tmp_path / "dest")) for f in fs if f.startswith("model-")]
 
 
 def test_a_relay_serves_pieces_while_they_arrive_and_a_dead_peer_is_routed_around(seed, server, tmp_path):
@@ -287,3 +304,198 @@ def test_server_exits_after_idle_timeout(seed):
     s = Running(seed[0], idle=0.5)
     s.thread.join(10)
     assert not s.thread.is_alive()
+
+
+# ----------------------------------------------------------------------------- page cache and failover
+
+def resident_pages(path):
+    """Pages of `path` in the page cache (mincore(2) over a mapping of the file)."""
+    import ctypes
+    import mmap
+    size = os.path.getsize(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    with open(path, "rb") as f:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
+        vec = ctypes.create_string_buffer(pages)
+        assert libc.mincore(ctypes.c_void_p(addr), size, vec) == 0, ctypes.get_errno()
+        libc.munmap(ctypes.c_void_p(addr), size)
+    return sum(b & 1 for b in vec.raw)
+
+
+@pytest.fixture
+def big_seed(tmp_path):
+    """One file of 24 pieces: more than the write-behind window."""
+    from ansible_collections.npuops.ascend.tests.unit.plugins.module_utils.weights_helpers import safetensors
+    root = str(tmp_path / "bigseed")
+    os.makedirs(root)
+    safetensors(os.path.join(root, "model-00001-of-00001.safetensors"), 24 * PIECE - 200, seed=None)
+    m, _stats = manifest.build(root, piece_size=PIECE)
+    manifest.save_json(weight_server.manifest_path(root), m)
+    return root, m
+
+
+def test_writeback_starts_per_piece_and_written_pages_are_dropped(big_seed, tmp_path, monkeypatch):
+    root, m = big_seed
+    rel = "model-00001-of-00001.safetensors"
+    size = m["files"][rel]["size"]
+    calls = []
+    real_sfr, real_drop = transfer._SYNC_FILE_RANGE, transfer._fadvise_dontneed
+
+    def sfr(fd, offset, length, flags):
+        calls.append(("sync_file_range", offset, length, flags))
+        return real_sfr(fd, offset, length, flags) if real_sfr else 0
+
+    def drop(fd, offset, length):
+        calls.append(("dontneed", offset, length))
+        real_drop(fd, offset, length)
+
+    monkeypatch.setattr(transfer, "_SYNC_FILE_RANGE", sfr)
+    monkeypatch.setattr(transfer, "_fadvise_dontneed", drop)
+    srv = Running(root)
+    try:
+        dest = str(tmp_path / "dest")
+        transfer.sync([srv.url], TOKEN, dest, parallel=1)
+    finally:
+        srv.stop()
+    pieces = len(m["files"][rel]["pieces"])
+    started = [(o, n) for kind, o, n, *f in calls if kind == "sync_file_range" and f[0] == transfer.SYNC_FILE_RANGE_WRITE]
+    assert started == [(i * PIECE, min(PIECE, size - i * PIECE)) for i in range(pieces)]  # every piece, as it landed
+    waited = [o for kind, o, n, *f in calls if kind == "sync_file_range" and f[0] != transfer.SYNC_FILE_RANGE_WRITE]
+    dropped = [o for kind, o, n in (c[:3] for c in calls if c[0] == "dontneed")]
+    window = [i * PIECE for i in range(pieces - transfer.WRITEBACK_WINDOW)]
+    assert waited == window and dropped[:-1] == window and dropped[-1] == 0  # then the whole file after fsync
+    # the order is the point: a piece is waited for and dropped a window after its writeback started
+    first_wait = next(i for i, c in enumerate(calls) if c[0] == "sync_file_range" and c[3] != 2)
+    assert [c[1] for c in calls[:first_wait] if c[0] == "sync_file_range"] == [
+        i * PIECE for i in range(transfer.WRITEBACK_WINDOW + 1)]
+    if open("/proc/mounts").read().find(" %s tmpfs " % os.path.dirname(dest)) == -1:
+        assert resident_pages(os.path.join(dest, rel)) <= 16  # on disk, not in memory
+
+
+def test_a_copy_for_a_prewarm_keeps_its_pages(big_seed, tmp_path):
+    root, m = big_seed
+    rel = "model-00001-of-00001.safetensors"
+    srv = Running(root)
+    try:
+        dropped = str(tmp_path / "dropped")
+        kept = str(tmp_path / "kept")
+        transfer.sync([srv.url], TOKEN, dropped)
+        transfer.sync([srv.url], TOKEN, kept, keep_cache=True)
+    finally:
+        srv.stop()
+    pages = (m["files"][rel]["size"] + 4095) // 4096
+    assert resident_pages(os.path.join(kept, rel)) >= pages * 0.9
+    assert resident_pages(os.path.join(dropped, rel)) <= pages * 0.1
+
+
+class FrozenPeer(object):
+    """What a SIGSTOPped server looks like from outside: the kernel completes every connection, nothing is
+    ever answered. Counts the connections made to it."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.accepted = []
+        self.thread = threading.Thread(target=self.accept)
+        self.thread.daemon = True
+        self.thread.start()
+
+    def accept(self):
+        while True:
+            try:
+                conn, _addr = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)  # held open, never read
+
+    def close(self):
+        self.sock.close()
+        for c in self.accepted:
+            c.close()
+
+
+def test_a_frozen_peer_is_demoted_for_the_whole_copy_and_routed_around(seed, server, tmp_path):
+    root, m = seed
+    frozen = FrozenPeer()
+    try:
+        t0 = time.time()
+        # with the full manifest given, the first request to the frozen peer is for data
+        out = transfer.sync([frozen.url, server.url], TOKEN, str(tmp_path / "dest"), manifest=m, parallel=4,
+                            peer_timeout=1)
+        took = time.time() - t0
+    finally:
+        frozen.close()
+    assert same_tree(root, str(tmp_path / "dest"), m) and out["files_fetched"] == 5
+    assert [f["peer"] for f in out["peer_failures"]] == [frozen.url]
+    assert "did not answer a ping" in out["peer_failures"][0]["reason"]
+    # one stall for the whole copy (one silent second, one ping), not one per piece nor one per thread
+    assert took < 1 + transfer.PING_TIMEOUT + 2.5, took
+    data_requests = len(frozen.accepted)
+    assert data_requests <= 4 + 1 + took / transfer.BACKOFF_FIRST, frozen.accepted  # 4 threads, a ping, probes
+
+
+def test_a_peer_that_refuses_connections_is_routed_around(seed, server, tmp_path):
+    root, m = seed
+    gone = socket.socket()
+    gone.bind(("127.0.0.1", 0))
+    gone_url = "http://127.0.0.1:%d" % gone.getsockname()[1]
+    gone.close()  # nothing listens: refused at once, as a node whose server is down
+    out = transfer.sync([gone_url, server.url], TOKEN, str(tmp_path / "dest"), parallel=3)
+    assert same_tree(root, str(tmp_path / "dest"), m)
+    assert out["peer_failures"][0]["peer"] == gone_url and "cannot connect" in out["peer_failures"][0]["reason"]
+
+
+def test_a_relay_whose_own_copy_ended_answers_at_once(seed, tmp_path):
+    root, m = seed
+    relay_dir = str(tmp_path / "relay")
+    os.makedirs(os.path.join(relay_dir, ".npuops"))
+    manifest.save_json(weight_server.manifest_path(relay_dir), m)
+    rel = "model-00002-of-00003.safetensors"
+    data = open(os.path.join(root, rel), "rb").read()
+    with open(os.path.join(relay_dir, rel + ".part"), "wb") as f:
+        f.write(data[:PIECE])
+    write_record(os.path.join(relay_dir, rel), 1)
+    manifest.save_json(weight_server.sync_progress_path(relay_dir), {"state": "failed", "updated": time.time()})
+    relay = Running(relay_dir)
+    try:
+        conn = transfer.Connection("127.0.0.1", relay.srv.port)
+        status, _h = conn.request("/files/" + rel, TOKEN, (0, PIECE - 1))
+        assert status == 206 and conn.read_body() == data[:PIECE]  # what it has, it serves
+        t0 = time.time()
+        status, _h = conn.request("/files/" + rel, TOKEN, (PIECE, 2 * PIECE - 1))
+        assert status == 503 and b"not running" in conn.read_body() and time.time() - t0 < 3
+    finally:
+        relay.stop()
+
+
+def test_progress_records_are_checked_and_older_ones_still_read(tmp_path):
+    rec = weight_server.encode_progress(7, 7 * PIECE + 5)
+    assert len(rec) == weight_server.RECORD_BYTES and weight_server.decode_progress(rec) == (7, 7 * PIECE + 5)
+    torn = weight_server.encode_progress(8, 8 * PIECE)[:20] + rec[20:]
+    assert weight_server.decode_progress(torn) is None
+    assert weight_server.decode_progress(b"12") == (12, None)  # the format of older versions
+    final = str(tmp_path / "f")
+    assert weight_server.read_progress(final) == (0, 0)
+
+
+def test_the_progress_names_its_run_and_gives_no_eta_from_a_moment(tmp_path):
+    now = [1000.0]
+    p = transfer.Progress(str(tmp_path / "p.json"), "run-1", 3, 10 * 10 ** 9, clock=lambda: now[0])
+    p.add(fetched=10 ** 6)
+    now[0] += 0.5
+    snap = p.snapshot()
+    assert snap["run_id"] == "run-1" and snap["eta_s"] is None
+    for _i in range(10):
+        now[0] += 2
+        p.add(fetched=400 * 10 ** 6, done_bytes=400 * 10 ** 6)
+        p.sample()
+    snap = p.snapshot()
+    assert snap["mb_per_s"] == 200.0 and snap["eta_s"] == round((10e9 - 4e9) / 200e6)
+    assert p.snapshot("failed")["eta_s"] is None
