@@ -1,6 +1,5 @@
 """status.yml and recover.yml on a 4-node simulated cluster, as a platform polls them: the verdict per instance
 (exit code and the stats), in bounded time whatever is broken; recover brings back exactly what is down."""
-import json
 import re
 import time
 

@@ -196,8 +196,8 @@ def validate(groups, hostvars, presets, booleans=(), numbers=(), tiers=None):
         for g in tier["groups"]:
             stray = [m for m in groups.get(g.get("inventory_group", "npu_nodes"), []) if m not in nodes]
             if stray:
-                problems.append("group %s has hosts that are not in npu_nodes: %s" % (g["inventory_group"],
-                                                                                       ", ".join(stray)))
+                problems.append("group %s has hosts that are not in npu_nodes: %s"
+                                % (g["inventory_group"], ", ".join(stray)))
 
     if not problems and tier is not None and tier.get("proxy"):
         # the plan is sound now: does a proxy sit on one of its own engine's ports?
@@ -230,8 +230,8 @@ def validate(groups, hostvars, presets, booleans=(), numbers=(), tiers=None):
                 problems.append("host %s: npuops_fabric_ip = %r is not an IPv4 address; set it to the node's address "
                                 "on the fast network, or leave it unset to use npuops_node_ip" % (h, fabric))
             elif fabric in seen_fabric:
-                problems.append("host %s: npuops_fabric_ip %s is also the address of %s" % (h, fabric,
-                                                                                           seen_fabric[fabric]))
+                problems.append("host %s: npuops_fabric_ip %s is also the address of %s"
+                                % (h, fabric, seen_fabric[fabric]))
             else:
                 seen_fabric[fabric] = h
         for name in booleans:

@@ -220,10 +220,9 @@ def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, 
             for p in hc.get("failed_checks", []):
                 rows.append(row(host, p["check"], p["observed"], p["expected"], p["fix"], device=p.get("phy_id")))
             for held in hc.get("held_by_service", []):
-                rows.append(row(host, "port_free", "port %s is held by the service (%s)" % (held["port"],
-                                                                                           held["owner"]),
-                                "port %s free or the service's own" % held["port"], "nothing to do",
-                                severity="service"))
+                seen = "port %s is held by the service (%s)" % (held["port"], held["owner"])
+                rows.append(row(host, "port_free", seen, "port %s free or the service's own" % held["port"],
+                                "nothing to do", severity="service"))
         rc = r.get("reach_check")
         if isinstance(rc, dict) and not rc.get("skipped"):
             if not _ok_result(rc):

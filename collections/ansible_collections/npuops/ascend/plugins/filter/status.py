@@ -71,8 +71,9 @@ def service_status(plan, hostvars, containers, key, probes):
         fh = probe.get("front_health") or {}
         if front.get("ok"):
             state = HEALTHY if not problems else DEGRADED
-            reason = "a token in %.2fs through %s (%s)" % (front.get("seconds", 0), inst["front_host"],
-                                                            inst["endpoint"]) if not problems else "; ".join(problems)
+            through = "%s (%s)" % (inst["front_host"], inst["endpoint"])
+            took = front.get("seconds", 0)
+            reason = "; ".join(problems) if problems else "a token in %.2fs through %s" % (took, through)
         else:
             state = DOWN
             why = "%s through %s (%s)" % (front.get("detail"), inst["front_host"], inst["endpoint"])

@@ -213,8 +213,8 @@ class Engine(object):
         argv = [self.cli] + list(args)
         rc, out, err = self._run(argv, kw.get("timeout", self.timeout), kw.get("data"))
         if rc == proc.TIMED_OUT:
-            raise ContainerError("%s (is the %s daemon wedged?)" % (proc.describe(argv, kw.get("timeout",
-                                                                                              self.timeout)), self.name))
+            what = proc.describe(argv, kw.get("timeout", self.timeout))
+            raise ContainerError("%s (is the %s daemon wedged?)" % (what, self.name))
         return rc, out, err
 
     def inspect(self, name):
@@ -298,8 +298,8 @@ class Engine(object):
                 self.call("secret", "rm", secret_name(name, k))
                 rc, out, err = self.call("secret", "create", secret_name(name, k), "-", data=str(v))
                 if rc != 0:
-                    raise ContainerError("%s secret create %s failed: %s" % (self.name, secret_name(name, k),
-                                                                            (err or out).strip()[-300:]))
+                    why = (err or out).strip()[-300:]
+                    raise ContainerError("%s secret create %s failed: %s" % (self.name, secret_name(name, k), why))
         elif secrets:
             if not os.path.isdir(secret_dir):
                 os.makedirs(secret_dir, 0o700)

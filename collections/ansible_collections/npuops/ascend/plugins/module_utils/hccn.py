@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """hccn_tool: parse its output, query devices in parallel, plan and run the cross-node ping mesh.
 
-Formats: vllm-ascend installation.md "Verify Multi-Node Communication" and Ascend/msit msprechecker's parsers. ``hccn_tool -i`` takes the *physical* device id. Each check that fails is
+Formats: vllm-ascend installation.md "Verify Multi-Node Communication" and Ascend/msit msprechecker's parsers.
+``hccn_tool -i`` takes the *physical* device id. Each check that fails is
 reported as ``{check, phy_id, observed, expected, fix}``. Standard library only: this runs on the nodes.
 """
 

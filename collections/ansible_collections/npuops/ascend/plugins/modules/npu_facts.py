@@ -188,9 +188,9 @@ def main():
     def run(*args):
         rc, out, err = proc.run([tool] + list(args), module.params["timeout"])
         if rc == proc.TIMED_OUT:
+            what = (" ".join(args), module.params["timeout"])
             raise npu_smi.NpuSmiError("npu-smi %s did not answer within %ss: the driver may be wedged (check dmesg, "
-                                      "then reset the device or reboot the node)" % (" ".join(args),
-                                                                                    module.params["timeout"]))
+                                      "then reset the device or reboot the node)" % what)
         text = out + err
         npu_smi.check_output(text, "npu-smi " + " ".join(args))
         if rc != 0:

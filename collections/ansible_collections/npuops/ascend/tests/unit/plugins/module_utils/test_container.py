@@ -11,8 +11,8 @@ import pytest
 from ansible_collections.npuops.ascend.plugins.module_utils import container as ct
 from ansible_collections.npuops.ascend.plugins.module_utils import proc
 
-SPEC = {"image": "quay.io/ascend/vllm-ascend:v0.23.0-a3", "command": ["vllm", "serve", "/m", "--max-num-seqs", "16",
-                                                                     "--enable-expert-parallel"],
+COMMAND = ["vllm", "serve", "/m", "--max-num-seqs", "16", "--enable-expert-parallel"]
+SPEC = {"image": "quay.io/ascend/vllm-ascend:v0.23.0-a3", "command": COMMAND,
         "env": {"A": "1", "HCCL_BUFFSIZE": "256"}, "secret_env": {"VLLM_API_KEY": "hunter2"},
         "devices": ["/dev/davinci0"], "mounts": ["/etc/hccn.conf:/etc/hccn.conf:ro"], "shm_size": "16g",
         "network": "host", "privileged": False, "labels": {"io.npuops.role": "leader"}, "restart_policy": None}
