@@ -47,14 +47,20 @@ def image_versions(image, data=None):
     tag = image_tag(image)
     for line in data.get("images") or []:
         if re.search(line["tag_pattern"], tag):
-            out = dict(line, tag=tag, known=True, vllm=str(line["vllm"]), vllm_ascend=str(line["vllm_ascend"]))
-            out.update((data.get("vllm") or {}).get(out["vllm"]) or {})
-            proxy = (data.get("proxy") or {}).get(str(line.get("proxy"))) or {}
-            out.update(proxy_routes=proxy.get("routes") or [], proxy_prefill_error=proxy.get("prefill_error"),
-                       proxy_decode_error=proxy.get("decode_error"))
-            return out
+            return line_versions(line, data, tag)
     return {"tag": tag, "known": False, "vllm": None, "vllm_ascend": None, "proxy": None, "min_driver": None,
             "min_cann": None}
+
+
+def line_versions(line, data=None, tag=None):
+    """image_versions() of one line of the table."""
+    data = data if data is not None else table()
+    out = dict(line, tag=tag, known=True, vllm=str(line["vllm"]), vllm_ascend=str(line["vllm_ascend"]))
+    out.update((data.get("vllm") or {}).get(out["vllm"]) or {})
+    proxy = (data.get("proxy") or {}).get(str(line.get("proxy"))) or {}
+    out.update(proxy_routes=proxy.get("routes") or [], proxy_prefill_error=proxy.get("prefill_error"),
+               proxy_decode_error=proxy.get("decode_error"))
+    return out
 
 
 def known_tags(data=None):
@@ -81,6 +87,12 @@ def preset_problems(preset, image, preset_name=None, data=None):
                 "checked against its vLLM; use a listed image line or add this tag's line (vLLM and vllm-ascend "
                 "versions and what they have) to the table" % (image, info["tag"], ", ".join(known_tags(data)),
                                                              where)]
+    return capability_problems(preset, info, image, where, data)
+
+
+def capability_problems(preset, info, image, where, data=None):
+    """preset_problems() against one line_versions() / image_versions() result."""
+    data = data if data is not None else table()
     problems = []
     for field, capability, flag in PRESET_FIELDS:
         value = (preset or {}).get(field)
