@@ -64,7 +64,7 @@ def check_devices(local_world):
     visible = os.environ.get(VISIBLE)
     ids = [int(x) for x in visible.split(",") if x.strip()] if visible else None
     if ids is None:
-        ids = sorted(int(re.sub(r"\D", "", p)) for p in glob.glob(os.path.join(DEV, "davinci[0-9]*")))
+        ids = sorted(int(re.sub(r"\D", "", os.path.basename(p))) for p in glob.glob(os.path.join(DEV, "davinci[0-9]*")))
     if len(ids) < local_world:
         die("ValueError: this node runs %d NPU workers (tensor x pipeline x local data parallel) but only %d NPUs "
             "are visible (%s=%s)" % (local_world, len(ids), VISIBLE, visible))
