@@ -89,10 +89,10 @@ def random_argv(point, base_url, model, result_dir, filename, tokenizer=None):
     if tokenizer.get("trust_remote_code"):
         argv.append("--trust-remote-code")
     argv += ["--dataset-name", "random", "--random-input-len", str(point["input_len"]),
-            "--random-output-len", str(point["output_len"]), "--num-prompts", str(point["num_prompts"]),
-            "--max-concurrency", str(point["concurrency"]), "--save-result", "--save-detailed",
-            "--result-dir", result_dir, "--result-filename", filename, "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,99"]
+             "--random-output-len", str(point["output_len"]), "--num-prompts", str(point["num_prompts"]),
+             "--max-concurrency", str(point["concurrency"]), "--save-result", "--save-detailed",
+             "--result-dir", result_dir, "--result-filename", filename, "--percentile-metrics", "ttft,tpot,itl,e2el",
+             "--metric-percentiles", "50,99"]
     if point.get("ignore_eos"):
         argv.append("--ignore-eos")
     return argv

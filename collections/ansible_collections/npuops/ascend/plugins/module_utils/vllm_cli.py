@@ -144,4 +144,3 @@ def render(spec):
         else:
             argv += [flag, str(value)]
     return argv
-

@@ -27,7 +27,7 @@ description:
   - The API key reaches C(vllm bench serve) from the container's own environment (C(VLLM_API_KEY)), never on
     a command line.
   - C(vllm bench serve) loads its tokenizer before the first request, from C(--tokenizer) or else from
-    C(--model): set O(tokenizer) to the model directory (a served name is no tokenizer).
+    C(--model), so set O(tokenizer) to the model directory (a served name is no tokenizer).
   - C(vllm bench serve) forces C(ignore_eos) for the random dataset, so a V(random) point with
     C(ignore_eos=false) is refused rather than reported as something it did not run.
 author:
@@ -178,8 +178,8 @@ def main():
             points=dict(type="list", elements="dict", required=True),
             engine=dict(type="str", choices=["docker", "podman", "isula"], default="docker"),
             container=dict(type="str"),
-            tokenizer=dict(type="str"),
-            tokenizer_mode=dict(type="str", default="auto"),
+            tokenizer=dict(type="str", no_log=False),
+            tokenizer_mode=dict(type="str", default="auto", no_log=False),
             trust_remote_code=dict(type="bool", default=False),
             result_dir=dict(type="str", default="/tmp/npuops-bench"),
             metrics_from=dict(type="list", elements="str"),

@@ -85,8 +85,8 @@ def preset_problems(preset, image, preset_name=None, data=None):
     if not info["known"]:
         return ["npuops_image %s: tag %r is not in the image version table (data/images.yml: %s), so %s cannot be "
                 "checked against its vLLM; use a listed image line or add this tag's line (vLLM and vllm-ascend "
-                "versions and what they have) to the table" % (image, info["tag"], ", ".join(known_tags(data)),
-                                                             where)]
+                "versions and what they have) to the table"
+                % (image, info["tag"], ", ".join(known_tags(data)), where)]
     return capability_problems(preset, info, image, where, data)
 
 
