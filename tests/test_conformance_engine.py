@@ -11,6 +11,7 @@ import pytest
 
 from ansible_collections.npuops.ascend.plugins.module_utils import probe
 from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import ApiError, Client, metric_totals
+from npuops_sim import loopback
 from npuops_sim.loopback import Loopback
 
 KEY = "sk-npuops-conformance-7f3a"
@@ -35,21 +36,10 @@ def sdk(engine):
 
 
 def post(url, body, key=KEY):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
-        "Content-Type": "application/json", "Authorization": "Bearer " + key})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+    return loopback.post(url, body, key)
 
 
-def events(raw):
-    out = []
-    for line in raw.decode().splitlines():
-        if line.startswith("data: ") and line[6:] != "[DONE]":
-            out.append(json.loads(line[6:]))
-    return out
+events = loopback.sse_events
 
 
 # ---------------------------------------------------------------------------------- every smoke check, SDK

@@ -11,7 +11,7 @@ import pytest
 
 from ansible_collections.npuops.ascend.plugins.module_utils import bench, probe
 from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import ApiError, Client, metric_totals
-from npuops_sim.loopback import Loopback, free_port
+from npuops_sim.loopback import Loopback, free_port, post
 
 KEY = "sk-npuops-pd-conformance-91c2"
 K3 = ("--reasoning-parser", "kimi_k3", "--tool-call-parser", "kimi_k3", "--enable-auto-tool-choice")
@@ -46,13 +46,7 @@ def sdk(url, key=KEY):
 
 
 def raw_post(url, body, key=KEY):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
-        "Content-Type": "application/json", "Authorization": "Bearer " + key})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+    return post(url, body, key)
 
 
 CHAT = dict(model="kimi-k3", messages=[{"role": "user", "content": probe.QUESTION}], max_tokens=256)

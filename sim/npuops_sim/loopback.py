@@ -31,6 +31,25 @@ def free_port():
     return port
 
 
+def post(url, body, key=None, timeout=60):
+    """POST a JSON body -> (status, raw body), whatever the status."""
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = "Bearer " + key
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def sse_events(raw):
+    """The JSON events of a streamed body (no [DONE])."""
+    return [json.loads(line[6:]) for line in raw.decode().splitlines()
+            if line.startswith("data: ") and line[6:] != "[DONE]"]
+
+
 class Process(object):
     def __init__(self, proc, url, log):
         self.proc, self.url, self.log = proc, url, log
