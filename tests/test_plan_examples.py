@@ -84,3 +84,17 @@ def test_the_plan_shows_every_field_each_container_gets(tmp_path):
                                            "privileged", "labels"}
     proxy = plan["instances"]["main"]["proxy"]
     assert proxy["host"] == "a3-node-01" and proxy["container"]["argv"][1].endswith("load_balance_proxy_server_example.py")
+
+
+def test_plan_refuses_an_image_whose_vllm_lacks_the_presets_parsers(tmp_path):
+    """vLLM 0.23.0 has no kimi_k3 parsers or tokenizer mode (vllm/reasoning, vllm/tool_parsers, TokenizerMode):
+    plan.yml fails before anything starts, naming the image, each preset field and the fix."""
+    proc = run([BIN + "/ansible-playbook", "-i", "inventories/a3-4node", "playbooks/plan.yml",
+                "-e", "npuops_image=quay.io/ascend/vllm-ascend:v0.23.0-a3",
+                "-e", "plan_output=%s" % (tmp_path / "plan.json")], check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and not (tmp_path / "plan.json").exists()
+    assert "The image cannot serve the model preset" in out
+    for field in ("reasoning_parser: kimi_k3", "tool_call_parser: kimi_k3", "tokenizer_mode: kimi_k3"):
+        assert field in out
+    assert "vLLM 0.23.0" in out and "^main(-|$)" in out

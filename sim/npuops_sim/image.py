@@ -9,18 +9,27 @@ of them changes.
 import glob
 import hashlib
 import io
+import json
 import os
+import re
 import subprocess
 import tarfile
 import time
+
+import yaml
 
 from . import paths
 
 SUITE = "bookworm"
 PACKAGES = ["python3", "iproute2", "iputils-ping", "procps"]
 REPOSITORY = "localhost/npuops-sim/vllm-ascend"
-# The tags the sim inventories use: -a3 for A3 nodes, none for A2, as the real image naming does.
-ALIASES = ("v0.23.0-a3", "v0.23.0")
+# The tags of the simulated image: -a3 for A3 nodes, none for A2, as the real image naming does. Each emulates the
+# vLLM / vllm-ascend versions the collection's image table (data/images.yml) gives its tag. The sim inventories
+# use the first pair: the main line (vLLM 0.27.1), the first with the kimi_k3 parsers the Kimi presets need.
+ALIASES = ("main-a3", "main", "v0.23.0-a3", "v0.23.0", "v0.32.0-a3", "v0.32.0")
+TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "collections",
+                     "ansible_collections", "npuops", "ascend", "data", "images.yml")
+VERSIONS_JSON = "/opt/npuops-sim/npuops_vllm_sim/versions.json"
 DPKG_EXCLUDES = ["/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*"]
 
 
@@ -37,10 +46,26 @@ def apt_sources():
     return text + "\n"
 
 
+def version_table():
+    """The collection's image <-> version table (data/images.yml)."""
+    with open(TABLE) as f:
+        return yaml.safe_load(f)
+
+
+def emulated(tag, table=None):
+    """{NPUOPS_SIM_VLLM_VERSION, NPUOPS_SIM_PROXY} an image tag claims (the first matching line of the table)."""
+    table = table or version_table()
+    for line in table["images"]:
+        if re.search(line["tag_pattern"], tag):
+            return {"NPUOPS_SIM_VLLM_VERSION": str(line["vllm"]), "NPUOPS_SIM_PROXY": str(line["proxy"])}
+    raise RuntimeError("the sim image tag %s has no line in %s" % (tag, TABLE))
+
+
 def image_files():
-    """Files baked into the image: {path in image: (mode, bytes)}. The engine lives in npuops_sim.engine."""
+    """Files baked into the image: {path in image: (mode, bytes)}: the stand-in's tools, plus the version table
+    as JSON (the image's python3 has no YAML) so the engine and proxy emulate what their version has."""
     here = os.path.dirname(os.path.abspath(__file__))
-    files = {}
+    files = {VERSIONS_JSON: (0o644, json.dumps(version_table(), sort_keys=True).encode())}
     tools = os.path.join(here, "image_root")
     for root, _dirs, names in os.walk(tools):
         for name in sorted(names):
@@ -104,11 +129,15 @@ def ensure(log=print):
     write_store_config()
     base, base_key = base_rootfs(log)
     files = image_files()
-    key = digest(base_key, sorted((k, v[0], v[1]) for k, v in files.items()))
+    table = version_table()
+    envs = dict((alias, emulated(alias, table)) for alias in ALIASES)
+    key = digest(base_key, sorted((k, v[0], v[1]) for k, v in files.items()), sorted(envs.items()))
     name = "%s:build-%s" % (REPOSITORY, key)
-    if podman("image", "exists", name, check=False).returncode != 0:
+    builds = dict((e["NPUOPS_SIM_VLLM_VERSION"] + "-" + e["NPUOPS_SIM_PROXY"], e) for e in envs.values())
+    names = dict((b, "%s-%s" % (name, b)) for b in builds)
+    if any(podman("image", "exists", n, check=False).returncode != 0 for n in names.values()):
         t0 = time.monotonic()
-        log("image: importing %s" % name)
+        log("image: importing %s (%s)" % (name, ", ".join(sorted(builds))))
         layered = os.path.join(paths.cache_dir(), "image-%s.tar" % key)
         with tarfile.open(base) as src, tarfile.open(layered + ".partial", "w") as dst:
             for member in src:
@@ -121,21 +150,26 @@ def ensure(log=print):
                 dst.addfile(info, io.BytesIO(data))
         os.replace(layered + ".partial", layered)
         try:
-            podman("import", "--change", "WORKDIR /workspace", "--change", 'CMD ["/bin/bash"]',
-                   "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                   layered, name)
+            # one image per emulated version: the same files, the version in the image's environment (as the
+            # real images differ by what they carry, not by how they are started)
+            for build, env in sorted(builds.items()):
+                changes = ["WORKDIR /workspace", 'CMD ["/bin/bash"]',
+                           "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+                changes += ["ENV %s=%s" % kv for kv in sorted(env.items())]
+                podman("import", *[x for c in changes for x in ("--change", c)], layered, names[build])
         finally:
             os.unlink(layered)
         log("image: imported in %.1fs" % (time.monotonic() - t0))
-    for alias in ALIASES:
-        podman("tag", name, "%s:%s" % (REPOSITORY, alias))
-    prune_old(name)
-    return name
+    for alias, env in envs.items():
+        podman("tag", names[env["NPUOPS_SIM_VLLM_VERSION"] + "-" + env["NPUOPS_SIM_PROXY"]],
+               "%s:%s" % (REPOSITORY, alias))
+    prune_old(set(names.values()))
+    return names[envs[ALIASES[0]]["NPUOPS_SIM_VLLM_VERSION"] + "-" + envs[ALIASES[0]]["NPUOPS_SIM_PROXY"]]
 
 
 def prune_old(keep):
     """Remove earlier builds of our own repository (never anything else in the store)."""
     out = podman("images", "--format", "{{.Repository}}:{{.Tag}}", REPOSITORY, check=False).stdout or ""
     for ref in out.split():
-        if ref.startswith(REPOSITORY + ":build-") and ref != keep:
+        if ref.startswith(REPOSITORY + ":build-") and ref not in keep:
             podman("rmi", ref, check=False)

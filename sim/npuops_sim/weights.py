@@ -41,7 +41,9 @@ def write_model(root, total_bytes, files=8, seed=0):
                 k += 1
         out.append(path)
     with open(os.path.join(root, "config.json"), "w") as f:
+        # Kimi's tokenizer is custom code (auto_map), so loading it needs trust_remote_code, as the real one does
         json.dump({"architectures": ["KimiK3ForCausalLM"], "model_type": "kimi_k3", "num_hidden_layers": 61,
+                   "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
                    "npuops_sim": "synthetic weights"}, f)
     out.append(os.path.join(root, "config.json"))
     return out

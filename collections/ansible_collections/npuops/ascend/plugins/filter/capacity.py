@@ -47,7 +47,8 @@ def plan(preset, tp, pp=1, dp=1, expert_parallel=False, hbm_total_mb=65536, over
     util = float(p.get("gpu_memory_utilization", 0.9))
     usable = float(hbm_total_mb) * MIB * util
     overhead = float(p.get("runtime_overhead_gib", RUNTIME_OVERHEAD_GIB)) * GIB
-    dtype = str(p.get("kv_cache_dtype", "auto"))
+    # a C8 checkpoint (quant description kv_cache_type: C8) stores the KV cache in int8 whatever --kv-cache-dtype says
+    dtype = "int8" if str(p.get("kv_cache_quant") or "").upper() == "C8" else str(p.get("kv_cache_dtype", "auto"))
     if dtype not in DTYPE_BYTES:
         raise AnsibleFilterError("capacity_plan: unknown kv_cache_dtype %r (known: %s)" % (dtype, sorted(DTYPE_BYTES)))
     layers_per_die = -(-int(p["layers"]) // pp)

@@ -135,17 +135,6 @@ def _hccn_rows(host, result, addr_owner):
     return rows
 
 
-def image_requirement(image, requirements):
-    """The first entry of `requirements` whose tag_pattern matches the image's tag (or digest-less ref)."""
-    ref = str(image).split("@", 1)[0]
-    last = ref.rsplit("/", 1)[-1]
-    tag = last.split(":", 1)[1] if ":" in last else "latest"
-    for req in requirements or []:
-        if re.search(req.get("tag_pattern", ".*"), tag):
-            return dict(req, tag=tag)
-    return {"tag": tag}
-
-
 def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, requirements=None,
                      strict=True):
     """`hosts_results`: {host: {npu: facts or None, npu_result, host_check, hccn_check}}."""
@@ -300,5 +289,5 @@ def format_table(rows):
 
 class FilterModule(object):
     def filters(self):
-        return {"ping_mesh": ping_mesh, "preflight_report": preflight_report, "image_requirement": image_requirement,
+        return {"ping_mesh": ping_mesh, "preflight_report": preflight_report,
                 "collect": collect, "preflight_gather": preflight_gather, "reach_targets": reach_targets}

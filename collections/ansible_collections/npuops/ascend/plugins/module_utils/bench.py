@@ -24,6 +24,9 @@ from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import
     ApiError, filler_words, metric_totals)
 
 PREFIX_METRICS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+# KV a connector loaded from another instance (the PD decode side's pulled KV): counted apart by vLLM, never as
+# prefix-cache hits (vllm/v1/metrics/loggers.py, vllm/v1/core/sched/scheduler.py)
+EXTERNAL_METRICS = ("vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total")
 
 
 def percentile(values, p):
@@ -49,32 +52,47 @@ def summarize(ttfts_ms, tpots_ms, itls_ms, e2els_ms, percentiles=(50, 99)):
 def prefix_counters(metrics_clients):
     """Prefix-cache counters summed over every engine that serves (each DP or PD front has its own);
     None when one of them has no metrics, so a partial sum never passes for a hit rate."""
-    total = {"queries": 0.0, "hits": 0.0}
+    total = {"queries": 0.0, "hits": 0.0, "external_queries": 0.0, "external_hits": 0.0}
     for client in metrics_clients:
         status, text, _s = client.get("/metrics")
         if status != 200:
             return None
-        totals = metric_totals(text, PREFIX_METRICS)
+        totals = metric_totals(text, PREFIX_METRICS + EXTERNAL_METRICS)
         total["queries"] += totals[PREFIX_METRICS[0]]
         total["hits"] += totals[PREFIX_METRICS[1]]
+        total["external_queries"] += totals[EXTERNAL_METRICS[0]]
+        total["external_hits"] += totals[EXTERNAL_METRICS[1]]
     return total
 
 
-def hit_rate(before, after):
+def hit_rate(before, after, prefix=""):
+    """Hits over queries between two prefix_counters() readings; prefix="external_" for the KV-connector ones."""
     if not before or not after:
         return None
-    q = after["queries"] - before["queries"]
-    return round((after["hits"] - before["hits"]) / q, 4) if q > 0 else None
+    q = after[prefix + "queries"] - before[prefix + "queries"]
+    return round((after[prefix + "hits"] - before[prefix + "hits"]) / q, 4) if q > 0 else None
 
 
-def random_argv(point, base_url, model, result_dir, filename):
-    """The vllm bench serve command line of a `random` point."""
+def random_argv(point, base_url, model, result_dir, filename, tokenizer=None):
+    """The vllm bench serve command line of a `random` point.
+
+    `tokenizer`: {path, mode, trust_remote_code}. vllm bench serve loads its tokenizer before the first request,
+    from --tokenizer or else from --model: a served name such as kimi-k3 is no tokenizer, so the model directory
+    (inside the engine container) is passed, with --trust-remote-code for tokenizers that are custom code."""
+    tokenizer = tokenizer or {}
     argv = ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
-            "--model", model, "--dataset-name", "random", "--random-input-len", str(point["input_len"]),
-            "--random-output-len", str(point["output_len"]), "--num-prompts", str(point["num_prompts"]),
-            "--max-concurrency", str(point["concurrency"]), "--save-result", "--save-detailed",
-            "--result-dir", result_dir, "--result-filename", filename, "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,99"]
+            "--model", model]
+    if tokenizer.get("path"):
+        argv += ["--tokenizer", tokenizer["path"]]
+    if tokenizer.get("mode") not in (None, "", "auto"):
+        argv += ["--tokenizer-mode", tokenizer["mode"]]
+    if tokenizer.get("trust_remote_code"):
+        argv.append("--trust-remote-code")
+    argv += ["--dataset-name", "random", "--random-input-len", str(point["input_len"]),
+             "--random-output-len", str(point["output_len"]), "--num-prompts", str(point["num_prompts"]),
+             "--max-concurrency", str(point["concurrency"]), "--save-result", "--save-detailed",
+             "--result-dir", result_dir, "--result-filename", filename, "--percentile-metrics", "ttft,tpot,itl,e2el",
+             "--metric-percentiles", "50,99"]
     if point.get("ignore_eos"):
         argv.append("--ignore-eos")
     return argv
@@ -157,13 +175,13 @@ def planned(point):
     return {"requests": int(point["num_prompts"]), "sessions": None}
 
 
-def run_point(point, client, model, exec_in_container, result_dir, metrics_clients):
+def run_point(point, client, model, exec_in_container, result_dir, metrics_clients, tokenizer=None):
     """Run one point. `exec_in_container(argv) -> (rc, out, err)` runs a command in the engine container."""
     base_url = client.base
     before = prefix_counters(metrics_clients)
     if point["kind"] == "random":
         filename = "%s.json" % point["name"]
-        rc, out, err = exec_in_container(random_argv(point, base_url, model, result_dir, filename))
+        rc, out, err = exec_in_container(random_argv(point, base_url, model, result_dir, filename, tokenizer))
         if rc != 0:
             raise ApiError("vllm bench serve failed for %s (rc=%d): %s" % (point["name"], rc, (err or out)[-800:]))
         rc, out, err = exec_in_container(["cat", "%s/%s" % (result_dir, filename)])
@@ -175,5 +193,6 @@ def run_point(point, client, model, exec_in_container, result_dir, metrics_clien
     else:
         raise ApiError("unknown point kind %r (random or multi_turn)" % point["kind"])
     after = prefix_counters(metrics_clients)
-    result["npuops"] = {"point": point, "planned": planned(point), "prefix_cache_hit_rate": hit_rate(before, after)}
+    result["npuops"] = {"point": point, "planned": planned(point), "prefix_cache_hit_rate": hit_rate(before, after),
+                        "external_prefix_cache_hit_rate": hit_rate(before, after, "external_")}
     return result

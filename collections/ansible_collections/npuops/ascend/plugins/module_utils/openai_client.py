@@ -27,6 +27,32 @@ class ApiError(Exception):
         self.body = body
 
 
+def error_message(text):
+    """The message of an error body: vLLM's {"error": {"message", "type", "param", "code"}}, the API-key
+    middleware's {"error": "Unauthorized"}, FastAPI's {"detail": ...}, or the text itself."""
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(parsed, dict):
+        return text
+    err = parsed.get("error")
+    if isinstance(err, dict):
+        msg = err.get("message") or text
+        return "%s (%s)" % (msg, err["type"]) if err.get("type") else msg
+    return err or parsed.get("message") or parsed.get("detail") or text
+
+
+def reasoning_of(part):
+    """The reasoning text of a message or a stream delta: vLLM names it `reasoning` (ChatMessage,
+    DeltaMessage since 0.2x); older servers and other engines `reasoning_content`."""
+    return (part or {}).get("reasoning") or (part or {}).get("reasoning_content") or ""
+
+
+EMPTY_BODY = ("an empty body with HTTP 200: the vllm-ascend PD proxy answers so when the decode side refused the "
+              "request (its log says why; check the decode engines' logs and the request's max_tokens/model)")
+
+
 class Client(object):
     def __init__(self, base_url, api_key=None, timeout=120.0, validate_certs=True):
         self.base = base_url.rstrip("/")
@@ -62,12 +88,7 @@ class Client(object):
             return self._open(path, body)
         except HTTPError as e:
             text = e.read().decode("utf-8", "replace")
-            try:
-                parsed = json.loads(text)
-                msg = parsed.get("message") or parsed.get("error") or text
-            except (ValueError, AttributeError):
-                msg = text
-            raise ApiError("HTTP %d: %s" % (e.code, str(msg)[:500]), e.code, text)
+            raise ApiError("HTTP %d: %s" % (e.code, str(error_message(text))[:500]), e.code, text)
         except (URLError, socket.error, OSError) as e:
             raise ApiError("no answer from %s%s: %s" % (self.base, path, getattr(e, "reason", e)))
 
@@ -76,7 +97,10 @@ class Client(object):
         t0 = time.time()
         resp = self._request(path, body)
         try:
-            return json.loads(resp.read().decode("utf-8")), time.time() - t0
+            text = resp.read().decode("utf-8")
+            if not text.strip():
+                raise ApiError("%s%s returned %s" % (self.base, path, EMPTY_BODY), 200, text)
+            return json.loads(text), time.time() - t0
         except (URLError, socket.error, OSError) as e:
             raise ApiError("no answer from %s%s: %s" % (self.base, path, getattr(e, "reason", e)))
         finally:
@@ -89,6 +113,7 @@ class Client(object):
         out = {"text": "", "reasoning": "", "chunks": 0, "ttft": None, "itls": [], "finish_reason": None,
                "usage": None}
         last = None
+        events = 0
         resp = self._request(path, body)
         try:
             for raw in resp:
@@ -96,6 +121,7 @@ class Client(object):
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
+                events += 1
                 if data == "[DONE]":
                     break
                 event = json.loads(data)
@@ -104,7 +130,7 @@ class Client(object):
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     piece = delta.get("content") or choice.get("text") or ""
-                    thought = delta.get("reasoning_content") or ""
+                    thought = reasoning_of(delta)
                     if piece or thought:
                         now = time.time()
                         if out["ttft"] is None:
@@ -119,6 +145,8 @@ class Client(object):
                         out["finish_reason"] = choice["finish_reason"]
         finally:
             resp.close()
+        if not events:
+            raise ApiError("%s%s streamed %s" % (self.base, path, EMPTY_BODY), 200, "")
         out["seconds"] = time.time() - t0
         return out
 

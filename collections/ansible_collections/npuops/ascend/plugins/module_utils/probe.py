@@ -12,7 +12,8 @@ import base64
 import json
 import time
 
-from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import ApiError, filler_words, tiny_png
+from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import (
+    ApiError, filler_words, reasoning_of, tiny_png)
 
 QUESTION = "用一句话介绍你自己，并计算 17*23"
 ANSWER = "391"
@@ -31,8 +32,11 @@ def _message(resp):
     return ((resp.get("choices") or [{}])[0]).get("message") or {}
 
 
-def run_checks(client, model=None, checks=ALL, health_path="/health", long_prompt_tokens=8000, max_tokens=256):
-    """-> (rows, model). Later checks reuse what earlier ones learned (the model name, the chat answer)."""
+def run_checks(client, model=None, checks=ALL, health_path="/health", long_prompt_tokens=8000, max_tokens=256,
+               models_client=None):
+    """-> (rows, model). Later checks reuse what earlier ones learned (the model name, the chat answer).
+    `models_client`: where to ask for /v1/models when the front door has none (the vllm-ascend v0.23.0 PD
+    proxy serves no /v1/models: its routes are completions, chat, healthcheck, reset_prefix_cache, instances)."""
     rows = []
     state = {"model": model, "chat": None}
 
@@ -54,12 +58,16 @@ def run_checks(client, model=None, checks=ALL, health_path="/health", long_promp
 
     def models():
         status, text, _s = client.get("/v1/models")
+        where = ""
+        if status == 404 and models_client is not None:
+            status, text, _s = models_client.get("/v1/models")
+            where = " (the front door has no /v1/models; asked %s)" % models_client.base
         if status != 200:
-            return False, "/v1/models -> %s: %s" % (status, text[:200])
+            return False, "/v1/models -> %s: %s%s" % (status, text[:200], where)
         ids = [m["id"] for m in json.loads(text)["data"]]
         if state["model"] is None and ids:
             state["model"] = ids[0]
-        return state["model"] in ids, "serves %s" % ", ".join(ids)
+        return state["model"] in ids, "serves %s%s" % (", ".join(ids), where)
 
     def chat_once():
         if state["chat"] is None:
@@ -78,10 +86,11 @@ def run_checks(client, model=None, checks=ALL, health_path="/health", long_promp
 
     def reasoning():
         msg = _message(chat_once())
-        thought, content = msg.get("reasoning_content") or msg.get("reasoning") or "", msg.get("content") or ""
+        thought, content = reasoning_of(msg), msg.get("content") or ""
         ok = bool(thought) and thought.strip() not in content
         return ok, ("reasoning apart from the answer: %s" % thought[:120]) if ok else \
-            "no separate reasoning_content (is --reasoning-parser set?)"
+            "no separate reasoning (message.reasoning, or reasoning_content on older servers; is --reasoning-parser " \
+            "set?)"
 
     def tool_call():
         resp, _s = client.post("/v1/chat/completions", {
@@ -117,8 +126,11 @@ def run_checks(client, model=None, checks=ALL, health_path="/health", long_promp
     def stream():
         out = client.stream("/v1/chat/completions", {
             "model": state["model"], "max_tokens": max_tokens, "messages": [{"role": "user", "content": QUESTION}]})
-        ok = out["chunks"] > 1 and out["ttft"] is not None and ANSWER in out["text"]
-        return ok, "TTFT %.3fs, %d chunks, finish %s" % (out["ttft"] or -1, out["chunks"], out["finish_reason"])
+        usage = out["usage"] or {}
+        ok = out["chunks"] > 1 and out["ttft"] is not None and ANSWER in out["text"] and \
+            usage.get("completion_tokens") == out["chunks"]
+        return ok, "TTFT %.3fs, %d chunks, %s completion tokens in the usage chunk, finish %s" % (
+            out["ttft"] or -1, out["chunks"], usage.get("completion_tokens", "no"), out["finish_reason"])
 
     for name, fn in (("health", health), ("models", models), ("chat", chat), ("reasoning", reasoning),
                      ("tool_call", tool_call), ("image", image), ("long_prompt", long_prompt), ("stream", stream)):

@@ -4,9 +4,10 @@
 """Render the ``vllm serve`` command line from a typed spec, and refuse what vLLM would refuse.
 
 FLAGS is the one table of every flag npuops emits, each checked against vLLM's own ``vllm serve`` parser
-(CHECKED_AGAINST; tools/vllm_argcheck.py re-checks the example inventories' plans against it in CI).
-Values only the Ascend plugin accepts are listed in PLUGIN_VALUES. A spec key that is not in the table is
-refused with the closest known keys, so a typo never reaches a 40-minute weight load.
+(CHECKED_AGAINST; tools/vllm_argcheck.py re-checks the example inventories' plans in CI with the parser of the
+vLLM version their image carries, data/images.yml). What one vLLM version has and another lacks (parser names,
+tokenizer modes, KV-cache dtypes) is checked per image by the planner (plugin_utils/versions.py). A spec key that
+is not in the table is refused with the closest known keys, so a typo never reaches a 40-minute weight load.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -16,7 +17,7 @@ __metaclass__ = type
 import difflib
 import json
 
-CHECKED_AGAINST = "vLLM 0.32.0 (vllm serve parser, built with VLLM_TARGET_DEVICE=cpu)"
+CHECKED_AGAINST = "vLLM 0.23.0, 0.27.1, 0.32.0 (vllm serve parser, built with VLLM_TARGET_DEVICE=cpu)"
 
 # spec key: (flag, kind). Kinds: int, float, str, json (a dict passed as JSON), flag (store_true: present
 # when true), toggle (BooleanOptionalAction: --x when true, --no-x when false).
@@ -63,14 +64,11 @@ FLAGS = {
     "additional_config": ("--additional-config", "json"),
 }
 
-# Values vLLM core does not know but the Ascend plugin accepts; vLLM's parser is given a core value in
-# their place when the argv is checked against it.
-PLUGIN_VALUES = {"kv_cache_dtype": {"int8": "fp8"}}
-
 CHOICES = {
     "distributed_executor_backend": ("mp", "ray", "uni", "external_launcher"),
     "safetensors_load_strategy": ("eager", "lazy", "prefetch", "torchao"),
-    "kv_cache_dtype": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"),
+    # the values every vLLM of data/images.yml has (none has a plain int8: CacheDType, vllm/config/cache.py)
+    "kv_cache_dtype": ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"),
 }
 
 
@@ -146,14 +144,3 @@ def render(spec):
         else:
             argv += [flag, str(value)]
     return argv
-
-
-def core_argv(argv):
-    """The argv with Ascend-plugin values replaced by core ones, for checking against vLLM's own parser."""
-    out = list(argv)
-    flags = dict((FLAGS[k][0], k) for k in PLUGIN_VALUES)
-    for i, token in enumerate(out[:-1]):
-        key = flags.get(token)
-        if key and out[i + 1] in PLUGIN_VALUES[key]:
-            out[i + 1] = PLUGIN_VALUES[key][out[i + 1]]
-    return out

@@ -39,6 +39,12 @@ options:
     elements: str
     choices: [health, models, chat, reasoning, tool_call, image, long_prompt, stream]
     default: [health, models, chat, reasoning, tool_call, image, long_prompt, stream]
+  models_url:
+    description:
+      - Base URL to ask for C(/v1/models) when O(url) has none (HTTP 404), for example a serving engine
+        behind a vllm-ascend v0.23.0 PD proxy, which serves no C(/v1/models).
+      - The check says where the list came from.
+    type: str
   long_prompt_tokens:
     description: Length of the long prompt, in (approximate) tokens.
     type: int
@@ -67,6 +73,7 @@ EXAMPLES = r"""
   npuops.ascend.openai_probe:
     url: http://10.0.0.11:8080
     health_path: /healthcheck
+    models_url: http://10.0.0.11:8000
     api_key: "{{ vault_api_key }}"
   delegate_to: localhost
 """
@@ -87,7 +94,8 @@ checks:
   elements: dict
   sample:
     - {name: chat, ok: true, detail: "answer: ... 17*23=391", latency_s: 0.41}
-    - {name: stream, ok: true, detail: "TTFT 0.052s, 44 chunks, finish stop", latency_s: 0.49}
+    - {name: stream, ok: true, detail: "TTFT 0.052s, 44 chunks, 44 completion tokens in the usage chunk, finish stop",
+       latency_s: 0.49}
 failed_checks:
   description: The rows that failed.
   returned: always
@@ -108,6 +116,7 @@ def main():
             api_key=dict(type="str", no_log=True),
             model=dict(type="str"),
             health_path=dict(type="str", default="/health"),
+            models_url=dict(type="str"),
             checks=dict(type="list", elements="str", choices=list(probe.ALL), default=list(probe.ALL)),
             long_prompt_tokens=dict(type="int", default=8000, no_log=False),
             timeout=dict(type="int", default=300),
@@ -117,7 +126,9 @@ def main():
     )
     p = module.params
     client = Client(p["url"], p["api_key"], timeout=p["timeout"])
-    rows, model = probe.run_checks(client, p["model"], p["checks"], p["health_path"], p["long_prompt_tokens"])
+    models_client = Client(p["models_url"], p["api_key"], timeout=p["timeout"]) if p["models_url"] else None
+    rows, model = probe.run_checks(client, p["model"], p["checks"], p["health_path"], p["long_prompt_tokens"],
+                                   models_client=models_client)
     failed = [r for r in rows if not r["ok"]]
     result = dict(changed=False, ok=not failed, model=model, checks=rows, failed_checks=failed)
     if failed and p["fail_on_error"]:

@@ -26,6 +26,10 @@ description:
     the point.
   - The API key reaches C(vllm bench serve) from the container's own environment (C(VLLM_API_KEY)), never on
     a command line.
+  - C(vllm bench serve) loads its tokenizer before the first request, from C(--tokenizer) or else from
+    C(--model), so set O(tokenizer) to the model directory (a served name is no tokenizer).
+  - C(vllm bench serve) forces C(ignore_eos) for the random dataset, so a V(random) point with
+    C(ignore_eos=false) is refused rather than reported as something it did not run.
 author:
   - npuops maintainers (@npuops)
 extends_documentation_fragment:
@@ -45,6 +49,19 @@ options:
     type: list
     elements: dict
     required: true
+  tokenizer:
+    description:
+      - Where V(random) points load the tokenizer from, inside the engine container (the model directory).
+      - Without it C(vllm bench serve) takes O(model) as a tokenizer name, which fails for a served name.
+    type: str
+  tokenizer_mode:
+    description: The tokenizer mode C(vllm bench serve) loads it with (the served model's, for example V(kimi_k3)).
+    type: str
+    default: auto
+  trust_remote_code:
+    description: Let the tokenizer run its own code (Kimi's tokenizer is custom code).
+    type: bool
+    default: false
   engine:
     description: The container CLI on this host, needed by V(random) points.
     type: str
@@ -86,6 +103,9 @@ EXAMPLES = r"""
     model: kimi-k3
     engine: docker
     container: npuops-vllm
+    tokenizer: /data/models/Kimi-K3-W4A8
+    tokenizer_mode: kimi_k3
+    trust_remote_code: true
     points:
       - {name: random-c8, kind: random, concurrency: 8, input_len: 2048, output_len: 512, num_prompts: 64,
          ignore_eos: true}
@@ -104,7 +124,8 @@ results:
   elements: dict
   sample:
     - {num_prompts: 64, max_concurrency: 8, completed: 64, failed: 0, output_throughput: 1843.2,
-       p99_ttft_ms: 812.4, npuops: {planned: {requests: 64, sessions: null}, prefix_cache_hit_rate: 0.02}}
+       p99_ttft_ms: 812.4, npuops: {planned: {requests: 64, sessions: null}, prefix_cache_hit_rate: 0.02,
+                                    external_prefix_cache_hit_rate: null}}
 planned:
   description: The requests and sessions each point plans to send, by point name.
   returned: always
@@ -142,6 +163,9 @@ def point_errors(points):
             value = point.get(key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 errors.append("%s: %s must be a positive integer, not %r" % (where, key, value))
+        if kind == "random" and point.get("ignore_eos") is False:
+            errors.append("%s: ignore_eos is false, but vllm bench serve forces ignore_eos for the random dataset "
+                          "(vllm/benchmarks/serve.py): drop it, or use a multi_turn point" % where)
     return errors
 
 
@@ -154,6 +178,9 @@ def main():
             points=dict(type="list", elements="dict", required=True),
             engine=dict(type="str", choices=["docker", "podman", "isula"], default="docker"),
             container=dict(type="str"),
+            tokenizer=dict(type="str", no_log=False),
+            tokenizer_mode=dict(type="str", default="auto", no_log=False),
+            trust_remote_code=dict(type="bool", default=False),
             result_dir=dict(type="str", default="/tmp/npuops-bench"),
             metrics_from=dict(type="list", elements="str"),
             timeout=dict(type="int", default=3600),
@@ -179,13 +206,14 @@ def main():
             shell = 'OPENAI_API_KEY="${VLLM_API_KEY:-}" exec "$@"'
             return module.run_command([cli, "exec", p["container"], "sh", "-c", shell, "sh"] + argv)
 
+    tokenizer = {"path": p["tokenizer"], "mode": p["tokenizer_mode"], "trust_remote_code": p["trust_remote_code"]}
     client = Client(p["url"], p["api_key"], timeout=p["timeout"])
     metrics_clients = [Client(u, p["api_key"], timeout=30) for u in (p["metrics_from"] or [p["url"]])]
     results = []
     for point in p["points"]:
         try:
             results.append(bench.run_point(point, client, p["model"], exec_in_container, p["result_dir"],
-                                           metrics_clients))
+                                           metrics_clients, tokenizer))
         except (ApiError, ValueError) as e:
             module.fail_json(msg="benchmark point %s failed: %s" % (point["name"], e), results=results,
                              planned=planned)

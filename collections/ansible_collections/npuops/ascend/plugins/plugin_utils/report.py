@@ -45,6 +45,17 @@ def _point(result):
     return (result.get("npuops") or {}).get("point") or {}
 
 
+def _latency(result, at):
+    """A request's latency: `latencies` where the bench writes it (vLLM 0.32), else TTFT plus its ITLs, which is
+    the same number (a request's latency ends at its last token chunk: vllm/benchmarks/lib/endpoint_request_func.py);
+    vLLM 0.23 and 0.27 save no `latencies` (vllm/benchmarks/serve.py)."""
+    if "latencies" in result:
+        return at("latencies")
+    if at("errors") or at("ttfts") is None:
+        return None
+    return at("ttfts") + sum(at("itls") or [])
+
+
 def request_rows(result):
     """Per-request rows from a detailed result (vllm bench serve --save-detailed lists, index-aligned)."""
     point = _point(result)
@@ -58,7 +69,7 @@ def request_rows(result):
         rows.append({"point": point.get("name"), "series": point.get("series"), "index": i,
                      "session": at("sessions_of"), "turn": at("turns_of"), "success": not error,
                      "input_len": at("input_lens"), "output_len": at("output_lens"), "ttft_s": at("ttfts"),
-                     "latency_s": at("latencies"), "itl_count": len(at("itls") or []), "error": error})
+                     "latency_s": _latency(result, at), "itl_count": len(at("itls") or []), "error": error})
     return rows
 
 
@@ -117,7 +128,8 @@ def summary_row(result):
             "ttft_p99_ms": round(result.get("p99_ttft_ms") or 0.0, 1),
             "tpot_p50_ms": round(result.get("p50_tpot_ms", result.get("median_tpot_ms")) or 0.0, 2),
             "tpot_p99_ms": round(result.get("p99_tpot_ms") or 0.0, 2),
-            "prefix_hit_rate": (result.get("npuops") or {}).get("prefix_cache_hit_rate")}
+            "prefix_hit_rate": (result.get("npuops") or {}).get("prefix_cache_hit_rate"),
+            "external_hit_rate": (result.get("npuops") or {}).get("external_prefix_cache_hit_rate")}
 
 
 def _safe(name):
@@ -237,7 +249,8 @@ def plot(report_dir, table):
 COLUMNS = (("concurrency", "concurrency"), ("requests", "succeeded"), ("failed", "failed"),
            ("output_tok_s", "output tok/s"), ("total_tok_s", "total tok/s"), ("per_user_tok_s", "per-user tok/s"),
            ("ttft_p50_ms", "TTFT P50 ms"), ("ttft_p99_ms", "TTFT P99 ms"), ("tpot_p50_ms", "TPOT P50 ms"),
-           ("tpot_p99_ms", "TPOT P99 ms"), ("prefix_hit_rate", "prefix hit rate"))
+           ("tpot_p99_ms", "TPOT P99 ms"), ("prefix_hit_rate", "prefix hit rate"),
+           ("external_hit_rate", "KV-transfer hit rate"))
 
 
 def _cell(value):

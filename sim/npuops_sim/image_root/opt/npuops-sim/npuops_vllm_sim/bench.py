@@ -1,5 +1,11 @@
 """`vllm bench serve` of the stand-in: the random dataset against /v1/completions (streamed), with the
-result file vLLM writes (same keys; --save-detailed adds the per-request arrays)."""
+result file vLLM writes (same keys; --save-detailed adds the per-request arrays).
+
+As vllm/benchmarks/serve.py and lib/endpoint_request_func.py of the emulated version do: the tokenizer is loaded
+first, from --tokenizer or else from --model (a served name such as `kimi-k3` is no tokenizer: it fails), with
+custom tokenizer code only under --trust-remote-code; random datasets force ignore_eos on OpenAI-compatible
+backends; every streamed chunk with choices is a token event (the first is TTFT, the others ITL samples) and a
+request's latency ends at its last such chunk; `latencies` is saved only by versions that have it (0.32)."""
 import json
 import math
 import os
@@ -10,6 +16,10 @@ import time
 import urllib.error
 import urllib.request
 from datetime import datetime
+
+from . import versions
+
+OPENAI_COMPATIBLE_BACKENDS = ("openai", "vllm", "openai-chat", "vllm-chat", "openai-audio", "openai-embeddings")
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
          "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
@@ -37,9 +47,33 @@ def wait_ready(base, timeout):
     raise SystemExit("vllm bench serve: the endpoint %s did not answer within %ds" % (base, timeout))
 
 
+def load_tokenizer(tokenizer_id, mode, trust_remote_code):
+    """get_tokenizer(): a local directory (or a hub id, which an offline cluster cannot fetch), custom code only
+    with trust_remote_code, a tokenizer mode this vLLM has."""
+    if mode not in versions.vllm()["tokenizer_modes"]:
+        raise SystemExit("ValueError: Unknown tokenizer mode: %s" % mode)
+    if not os.path.isdir(tokenizer_id):
+        raise SystemExit("OSError: %s is not a local folder and is not a valid model identifier listed on "
+                         "'https://huggingface.co/models'\nIf this is a private repository, make sure to pass a token "
+                         "having permission to this repo (pass --tokenizer <the model directory>)" % tokenizer_id)
+    auto_map = {}
+    for name in ("tokenizer_config.json", "config.json"):
+        try:
+            with open(os.path.join(tokenizer_id, name)) as f:
+                auto_map.update(json.load(f).get("auto_map") or {})
+        except (OSError, ValueError):
+            pass
+    if "AutoTokenizer" in auto_map and not trust_remote_code:
+        raise SystemExit("ValueError: The repository %s contains custom code which must be executed to correctly "
+                         "load the model. You can inspect the repository content at %s .\n Please pass the argument "
+                         "`trust_remote_code=True` to allow custom code to be run." % (tokenizer_id, tokenizer_id))
+
+
 def one(base, endpoint, model, prompt, out_len, ignore_eos, api_key):
-    body = {"model": model, "prompt": prompt, "max_tokens": out_len, "stream": True, "ignore_eos": ignore_eos,
-            "stream_options": {"include_usage": True}}
+    body = {"model": model, "prompt": prompt, "repetition_penalty": 1.0, "max_tokens": out_len, "logprobs": None,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = "Bearer " + api_key
@@ -47,6 +81,7 @@ def one(base, endpoint, model, prompt, out_len, ignore_eos, api_key):
     res = {"ttft": 0.0, "itl": [], "latency": 0.0, "output_len": 0, "text": "", "error": "", "success": False,
            "start_time": t0}
     last = None
+    recent = t0
     try:
         req = urllib.request.Request(base + endpoint, data=json.dumps(body).encode(), headers=headers)
         with urllib.request.urlopen(req, timeout=3600) as r:
@@ -55,20 +90,21 @@ def one(base, endpoint, model, prompt, out_len, ignore_eos, api_key):
                 if not line.startswith("data:") or line[5:].strip() == "[DONE]":
                     continue
                 ev = json.loads(line[5:])
-                if ev.get("usage"):
+                choices = ev.get("choices")
+                if choices:  # a chunk with choices is a token event even when its text is empty
+                    now = time.perf_counter()
+                    if last is None:
+                        res["ttft"] = now - t0
+                    else:
+                        res["itl"].append(now - recent)
+                    last = recent = now
+                    res["text"] += choices[0].get("text") or ""
+                elif ev.get("usage"):
                     res["output_len"] = ev["usage"].get("completion_tokens", res["output_len"])
-                for ch in ev.get("choices") or []:
-                    piece = ch.get("text") or (ch.get("delta") or {}).get("content") or ""
-                    if piece:
-                        now = time.perf_counter()
-                        if last is None:
-                            res["ttft"] = now - t0
-                        else:
-                            res["itl"].append(now - last)
-                        last = now
-                        res["text"] += piece
-        res["latency"] = time.perf_counter() - t0
-        res["success"] = True
+        res["latency"] = recent - t0
+        res["success"] = last is not None
+        if not res["success"]:
+            res["error"] = "Never received a valid chunk to calculate TTFT.This response will be marked as failed!"
     except (urllib.error.URLError, OSError, ValueError) as e:
         res["error"] = str(e)
     return res
@@ -78,8 +114,13 @@ def run(args):
     base = (args.base_url or "http://%s:%d" % (args.host, args.port)).rstrip("/")
     api_key = os.environ.get("OPENAI_API_KEY") or os.environ.get("VLLM_API_KEY")
     model = args.model or wait_ready(base, args.ready_check_timeout_sec)
+    tokenizer_id = args.tokenizer if args.tokenizer is not None else model
+    load_tokenizer(tokenizer_id, args.tokenizer_mode, args.trust_remote_code)
     if args.dataset_name != "random":
         raise SystemExit("vllm bench serve (simulated image): only --dataset-name random is available")
+    if args.backend in OPENAI_COMPATIBLE_BACKENDS:
+        args.ignore_eos = True  # "when using random datasets, default to ignoring EOS"
+    served = args.served_model_name or model
     rnd = random.Random(args.seed)
     prompts = [" ".join(rnd.choice(WORDS) + str(rnd.randint(0, 99)) for _ in range(args.random_input_len))
                for _ in range(args.num_prompts)]
@@ -93,7 +134,7 @@ def run(args):
             with lock:
                 state["active"] += 1
                 state["max_active"] = max(state["max_active"], state["active"])
-            results[i] = one(base, args.endpoint, model, prompts[i], args.random_output_len, args.ignore_eos, api_key)
+            results[i] = one(base, args.endpoint, served, prompts[i], args.random_output_len, args.ignore_eos, api_key)
             with lock:
                 state["active"] -= 1
 
@@ -113,11 +154,11 @@ def run(args):
     total_in = args.random_input_len * len(ok)
     total_out = sum(r["output_len"] for r in ok)
     out = {"date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": "vllm", "backend": args.backend,
-           "label": args.label, "model_id": model, "tokenizer_id": args.tokenizer or model,
+           "label": args.label, "model_id": model, "tokenizer_id": tokenizer_id,
            "num_prompts": args.num_prompts, "request_rate": "inf" if args.request_rate == float("inf")
            else args.request_rate, "burstiness": 1.0, "max_concurrency": args.max_concurrency, "duration": duration,
            "completed": len(ok), "failed": len(results) - len(ok), "total_input_tokens": total_in,
-           "total_output_tokens": total_out, "request_throughput": len(ok) / duration,
+           "total_output_tokens": total_out, "request_throughput": len(ok) / duration, "request_goodput": None,
            "output_throughput": total_out / duration, "total_token_throughput": (total_in + total_out) / duration,
            "max_concurrent_requests": state["max_active"]}
     pcts = [float(p) for p in args.metric_percentiles.split(",")]
@@ -135,8 +176,10 @@ def run(args):
     if args.save_detailed:
         out.update(input_lens=[args.random_input_len] * len(results), output_lens=[r["output_len"] for r in results],
                    ttfts=[r["ttft"] for r in results], itls=[r["itl"] for r in results],
-                   latencies=[r["latency"] for r in results], start_times=[r["start_time"] for r in results],
+                   start_times=[r["start_time"] for r in results],
                    generated_texts=[r["text"] for r in results], errors=[r["error"] for r in results])
+        if versions.vllm()["bench_latencies"]:
+            out["latencies"] = [r["latency"] for r in results]
     print("============ Serving Benchmark Result ============")
     for k in ("completed", "failed", "duration", "output_throughput", "mean_ttft_ms", "mean_tpot_ms"):
         print("%-40s %s" % (k, out.get(k)))

@@ -1,12 +1,16 @@
 """Command line of the stand-in: `vllm serve MODEL [flags]`, `vllm bench serve [flags]`, `vllm --version`.
 
-The flag set follows vLLM 0.32's `vllm serve` for every flag npuops emits (and a few common ones); any
-other flag is refused the way argparse refuses it in vLLM: "vllm: error: unrecognized arguments: ...".
+The flag set follows vLLM's `vllm serve` for every flag npuops emits (and a few common ones); any other flag is
+refused the way argparse refuses it in vLLM: "vllm: error: unrecognized arguments: ...". The choices of
+--tokenizer-mode and --kv-cache-dtype are the Literals of the emulated version (TokenizerMode in
+vllm/config/model.py, CacheDType in vllm/config/cache.py), refused by argparse as vLLM's own parser does.
 """
 import argparse
 import json
 
-VERSION = "0.23.0+npuops.sim"
+from . import versions
+
+VERSION = versions.vllm_version() + "+npuops.sim"
 
 
 def json_arg(text):
@@ -47,7 +51,8 @@ def serve_parser(sub):
     add("--headless", action="store_true")
     add("--api-server-count", type=int, default=1)
     add("--quantization", "-q")
-    add("--tokenizer-mode", default="auto")
+    caps = versions.vllm()
+    add("--tokenizer-mode", default="auto", choices=caps["tokenizer_modes"])
     add("--reasoning-parser")
     add("--tool-call-parser")
     add("--enable-auto-tool-choice", action="store_true")
@@ -56,7 +61,11 @@ def serve_parser(sub):
     add("--max-num-seqs", type=int, default=256)
     add("--max-num-batched-tokens", type=int)
     add("--gpu-memory-utilization", type=float, default=0.9)
-    add("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"])
+    add("--kv-cache-dtype", default="auto", choices=caps["kv_cache_dtypes"])
+    # usage.prompt_tokens_details.cached_tokens only with this flag; usage chunks without stream_options only
+    # with --enable-force-include-usage (vllm/entrypoints/openai/chat_completion/serving.py)
+    add("--enable-prompt-tokens-details", action="store_true")
+    add("--enable-force-include-usage", action="store_true")
     add("--block-size", type=int, default=128)
     add("--compilation-config", "-cc", type=json_arg)
     add("--safetensors-load-strategy", choices=["eager", "lazy", "prefetch", "torchao"])
@@ -81,8 +90,10 @@ def bench_parser(sub):
     add("--endpoint", default="/v1/completions")
     add("--model")
     add("--tokenizer")
+    add("--tokenizer-mode", default="auto")
+    add("--trust-remote-code", action="store_true")
     add("--served-model-name")
-    add("--dataset-name", default="random", choices=["random", "custom", "multi-turn"])
+    add("--dataset-name", default="random")
     add("--dataset-path")
     add("--random-input-len", type=int, default=1024)
     add("--random-output-len", type=int, default=128)

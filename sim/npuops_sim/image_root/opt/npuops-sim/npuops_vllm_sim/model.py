@@ -12,7 +12,12 @@ import time
 import uuid
 from collections import OrderedDict
 
+from . import versions
+
 TOKEN = re.compile(r"[\u2E80-\u9FFF\uF900-\uFAFF\uFF00-\uFFEF]|[A-Za-z0-9_]+|[^\s]")
+# a token with the whitespace before it: streamed pieces concatenate to the text, as vLLM's detokenizer's do
+PIECE = re.compile(r"\s*(?:%s)" % TOKEN.pattern)
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # FINISH_REASON_STRINGS, vllm/v1/engine
 PREFILL_TOKENS_PER_S = float(os.environ.get("NPUOPS_SIM_PREFILL_TPS", "200000"))
 SECONDS_PER_TOKEN = float(os.environ.get("NPUOPS_SIM_TPOT", "0.002"))
 # the node's hardware profile (the driver's lib64 is mounted into engine containers): the simulator's runtime
@@ -24,14 +29,20 @@ BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0
 
 
 class RequestError(Exception):
-    def __init__(self, msg, code=400):
+    def __init__(self, msg, code=400, param=None):
         Exception.__init__(self, msg)
         self.code = code
+        self.param = param
 
 
-def error(msg, code=400):
-    return {"object": "error", "message": msg, "type": "BadRequestError" if code == 400 else "InternalServerError",
-            "param": None, "code": code}
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 501: "NotImplementedError"}
+
+
+def error(msg, code=400, param=None):
+    """vLLM's ErrorResponse: {"error": {message, type, param, code}} (create_error_response in
+    vllm/entrypoints/serve/utils/error_response.py, 0.23.0; the same shape in 0.32.0)."""
+    return {"error": {"message": msg, "type": ERROR_TYPES.get(code, "InternalServerError"), "param": param,
+                      "code": code}}
 
 
 def wedged():
@@ -44,6 +55,11 @@ def wedged():
 
 def tokens(text):
     return TOKEN.findall(text or "")
+
+
+def pieces(text):
+    """The text as streamed: one piece per token, whitespace kept."""
+    return PIECE.findall(text or "")
 
 
 class Histogram(object):
@@ -68,6 +84,8 @@ class Stats(object):
         self.waiting = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.external_queries = 0
+        self.external_hits = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.success = {}
@@ -88,7 +106,8 @@ class PrefixCache(object):
     def lookup_and_insert(self, toks):
         h = hashlib.sha256()
         hits = 0
-        full = len(toks) // self.block
+        # the last prompt token is always recomputed (max_cache_hit_length, vllm/v1/core/kv_cache_manager.py)
+        full = max(0, len(toks) - 1) // self.block
         with self.lock:
             missed = False
             for i in range(full):
@@ -207,12 +226,12 @@ class Engine(object):
     def prepare(self, body, chat):
         model = body.get("model")
         if model not in (None, self.served):
-            raise RequestError("The model `%s` does not exist." % model, 404)
+            raise RequestError("The model `%s` does not exist." % model, 404, "model")
         images = []
         if chat:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
-                raise RequestError("messages must be a non-empty list")
+                raise RequestError("messages must be a non-empty list", 400, "messages")
             parts = []
             for m in msgs:
                 content = m.get("content")
@@ -237,18 +256,33 @@ class Engine(object):
                 prompt = " ".join(str(p) for p in prompt)
             question = prompt or ""
         toks = tokens(prompt) + ["<img>"] * (576 * len(images))
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        max_tokens = body.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = body.get("max_completion_tokens")
+        # SamplingParams._verify_args (vllm/sampling_params.py): VLLMValidationError, whose str() carries the
+        # parameter and value
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            raise RequestError("max_tokens must be at least 1, got %r" % max_tokens)
+            raise RequestError("max_tokens must be at least 1, got %r. (parameter=max_tokens, value=%r)"
+                               % (max_tokens, max_tokens), 400, "max_tokens")
         limit = self.args.max_model_len
-        if len(toks) + (max_tokens or 0) > limit:
+        overflow = versions.vllm().get("context_overflow", "reserve")
+        if overflow == "reserve" and max_tokens is not None and len(toks) + max_tokens > limit:
+            # vllm/renderers/params.py (0.23.0, 0.27.1): max_input_tokens = max_model_len - max_tokens
             raise RequestError(
-                "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the "
-                "messages, %d in the completion). Please reduce the length of the messages or completion."
-                % (limit, len(toks) + (max_tokens or 0), len(toks), max_tokens or 0))
+                "This model's maximum context length is %d tokens. However, you requested %d output tokens and your "
+                "prompt contains %d input tokens, for a total of %d tokens. Please reduce the length of the input "
+                "prompt or the number of requested output tokens. (parameter=input_tokens, value=%d)"
+                % (limit, max_tokens, len(toks), len(toks) + max_tokens, len(toks)), 400, "input_tokens")
+        if len(toks) >= limit:
+            # 0.32.0: only the prompt must fit (max_tokens is clamped by get_max_tokens)
+            raise RequestError(
+                "This model's maximum context length is %d tokens. However, your prompt contains %d input tokens, "
+                "which exceeds this limit even without any output tokens. Please reduce the length of the input "
+                "prompt. (parameter=input_tokens, value=%d)" % (limit, len(toks), len(toks)), 400, "input_tokens")
+        room = limit - len(toks)
         kvp = body.get("kv_transfer_params") or {}
         return {"chat": chat, "body": body, "prompt_tokens": toks, "question": question or "", "images": images,
-                "max_tokens": max_tokens or max(1, min(4096, limit - len(toks))), "kv": kvp,
+                "max_tokens": min(max_tokens, room) if max_tokens else min(4096, room), "kv": kvp,
                 "id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex}
 
     def answer(self, req):
@@ -284,8 +318,14 @@ class Engine(object):
             reasoning = None
         return reasoning, content, None
 
-    def _account(self, req, stream_cb=None):
-        """Runs the request: prefill (minus cached prefix), then decode; returns usage/timing."""
+    def _account(self, req):
+        """Runs the request's prefill (minus the locally cached prefix and the KV pulled from a prefill engine).
+        -> (stats, cache) with cache = {local, external_queries, external_hits, ttft, t0}.
+
+        As vLLM's scheduler counts them (vllm/v1/core/sched/scheduler.py, kv_cache_manager.py): prefix-cache
+        queries and hits only with prefix caching on; with a KV connector, external queries are the tokens not
+        cached locally and external hits the tokens the connector loads (MooncakeConnector: the whole prompt of a
+        remote-prefill request, vllm-ascend mooncake_connector.py get_num_new_matched_tokens)."""
         with self.lock:
             stats = self.engines[self.next_engine % len(self.engines)]
             self.next_engine += 1
@@ -296,131 +336,139 @@ class Engine(object):
                 time.sleep(0.5)
             self.step()
             toks = req["prompt_tokens"]
-            hits = self.cache.lookup_and_insert(toks) if self.args.enable_prefix_caching else 0
-            remote = req["kv"].get("do_remote_prefill")
-            if remote and self.kv:
-                kv = self.kv.pull(req["kv"].get("remote_host"), req["kv"].get("remote_port"),
-                                  req["kv"].get("request_id"))
-                # KV computed by a prefill whose collectives were garbage decodes to garbage
-                req["garbage_kv"] = bool(kv.get("garbage"))
-                hits = len(toks)
-            time.sleep(max(0, len(toks) - hits) / PREFILL_TOKENS_PER_S)
-            ttft = time.time() - t0
-            return stats, hits, ttft, t0
+            local = self.cache.lookup_and_insert(toks) if self.args.enable_prefix_caching else 0
+            ext_q = ext_h = 0
+            if self.kv:
+                ext_q = len(toks) - local
+                if req["kv"].get("do_remote_prefill"):
+                    kv = self.kv.pull(req["kv"].get("remote_host"), req["kv"].get("remote_port"),
+                                      req["kv"].get("request_id"))
+                    # KV computed by a prefill whose collectives were garbage decodes to garbage
+                    req["garbage_kv"] = bool(kv.get("garbage"))
+                    ext_h = ext_q
+            time.sleep(max(0, len(toks) - local - ext_h) / PREFILL_TOKENS_PER_S)
+            return stats, {"local": local, "external_queries": ext_q, "external_hits": ext_h,
+                           "ttft": time.time() - t0, "t0": t0}
         except Exception:
             with self.lock:
                 stats.running -= 1
             raise
 
-    def _finish(self, stats, req, hits, ttft, t0, n_out, reason):
-        e2e = time.time() - t0
+    def _finish(self, stats, req, cache, n_out, reason):
+        e2e = time.time() - cache["t0"]
         with self.lock:
             stats.running -= 1
-            stats.prefix_queries += len(req["prompt_tokens"])
-            stats.prefix_hits += hits
+            if self.args.enable_prefix_caching:
+                stats.prefix_queries += len(req["prompt_tokens"])
+                stats.prefix_hits += cache["local"]
+            stats.external_queries += cache["external_queries"]
+            stats.external_hits += cache["external_hits"]
             stats.prompt_tokens += len(req["prompt_tokens"])
             stats.generation_tokens += n_out
             stats.success[reason] = stats.success.get(reason, 0) + 1
-            stats.ttft.observe(ttft)
+            stats.ttft.observe(cache["ttft"])
             stats.e2e.observe(e2e)
             if n_out > 1:
-                stats.tpot.observe((e2e - ttft) / (n_out - 1))
+                stats.tpot.observe((e2e - cache["ttft"]) / (n_out - 1))
 
-    def _pieces(self, req):
+    def _usage(self, req, cache, n):
+        usage = {"prompt_tokens": len(req["prompt_tokens"]), "total_tokens": len(req["prompt_tokens"]) + n,
+                 "completion_tokens": n}
+        cached = cache["local"] + cache["external_hits"]
+        # only with --enable-prompt-tokens-details, and only when something was cached (serving.py)
+        if self.args.enable_prompt_tokens_details and cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
+
+    def _output(self, req):
+        """-> (steps, calls, reason, metric_reason): steps are (field, piece) per output token, within max_tokens;
+        the finish reason the client sees, and the one the engine's metrics record (the engine knows no tool
+        calls: a parsed tool call finished with `stop`)."""
         reasoning, content, calls = self.answer(req)
         if not req["chat"]:
             n = req["max_tokens"] if req["body"].get("ignore_eos") else min(req["max_tokens"], 64)
-            return None, None, None, ["tok"] * n
-        out = tokens(reasoning or "") + tokens(content or "")
-        return reasoning, content, calls, out
+            reason = "length" if n == req["max_tokens"] else "stop"
+            return [("text", " tok")] * n, None, reason, reason
+        field = versions.vllm()["reasoning_field"]
+        steps = [(field, p) for p in pieces(reasoning)] + [("content", p) for p in pieces(content)]
+        if calls:
+            return steps, calls, "tool_calls", "stop"
+        reason = "length" if len(steps) > req["max_tokens"] else "stop"
+        return steps[:req["max_tokens"]], None, reason, reason
 
     def generate(self, req):
         if req["kv"].get("do_remote_decode") and self.kv:
             return self._prefill_only(req)
-        stats, hits, ttft, t0 = self._account(req)
-        reasoning, content, calls, out = self._pieces(req)
-        n = len(out) if calls else min(len(out), req["max_tokens"])
-        if calls:
-            reason = "tool_calls"
-        elif not req["chat"]:
-            reason = "length" if n == req["max_tokens"] else "stop"
-        else:
-            reason = "length" if n < len(out) else "stop"
+        stats, cache = self._account(req)
+        steps, calls, reason, metric_reason = self._output(req)
+        n = len(steps)
         time.sleep(n * SECONDS_PER_TOKEN)
-        self._finish(stats, req, hits, ttft, t0, n, reason)
-        usage = {"prompt_tokens": len(req["prompt_tokens"]), "completion_tokens": n,
-                 "total_tokens": len(req["prompt_tokens"]) + n,
-                 "prompt_tokens_details": {"cached_tokens": hits}}
+        self._finish(stats, req, cache, n, metric_reason)
+        usage = self._usage(req, cache, n)
+        text = dict((f, "".join(p for g, p in steps if g == f) or None) for f in
+                    ("content", "text", versions.vllm()["reasoning_field"]))
         if req["chat"]:
-            msg = {"role": "assistant", "content": content if calls is None else None,
-                   "reasoning_content": reasoning}
-            if calls:
-                msg["tool_calls"] = calls
-            if n < len(out) and content:
-                keep = max(0, n - len(tokens(reasoning or "")))
-                msg["content"] = "".join(tokens(content)[:keep])
+            field = versions.vllm()["reasoning_field"]
+            msg = {"role": "assistant", "content": None if calls else text["content"], field: text[field],
+                   "tool_calls": calls or []}
             return {"id": req["id"], "object": "chat.completion", "created": int(time.time()), "model": self.served,
-                    "choices": [{"index": 0, "message": msg, "finish_reason": reason}], "usage": usage}
+                    "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": reason,
+                                 "stop_reason": None}], "usage": usage}
         return {"id": req["id"], "object": "text_completion", "created": int(time.time()), "model": self.served,
-                "choices": [{"index": 0, "text": " ".join(out[:n]), "finish_reason": reason}], "usage": usage}
+                "choices": [{"index": 0, "text": text["text"] or "", "logprobs": None, "finish_reason": reason,
+                             "stop_reason": None}], "usage": usage}
 
     def _prefill_only(self, req):
         """The prefill side of PD: one token, and where the decode side fetches the KV from."""
-        stats, hits, ttft, t0 = self._account(req)
+        stats, cache = self._account(req)
         rid = req["kv"].get("request_id") or req["id"]
         self.kv.keep(rid, hashlib.sha256("\x00".join(req["prompt_tokens"]).encode()).hexdigest(),
                      len(req["prompt_tokens"]), bool(self.garbage or self.broken_peers))
-        self._finish(stats, req, hits, ttft, t0, 1, "length")
+        self._finish(stats, req, cache, 1, "length")
         params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.kv.engine_id,
                   "remote_host": self.kv.host, "remote_port": self.kv.port, "remote_block_ids": [0],
                   "request_id": rid}
-        usage = {"prompt_tokens": len(req["prompt_tokens"]), "completion_tokens": 1,
-                 "total_tokens": len(req["prompt_tokens"]) + 1}
         choice = {"index": 0, "finish_reason": "length"}
         choice.update({"message": {"role": "assistant", "content": ""}} if req["chat"] else {"text": ""})
         return {"id": req["id"], "object": "chat.completion" if req["chat"] else "text_completion",
-                "model": self.served, "choices": [choice], "usage": usage, "kv_transfer_params": params}
+                "model": self.served, "choices": [choice], "usage": self._usage(req, cache, 1),
+                "kv_transfer_params": params}
 
     def generate_stream(self, req):
-        stats, hits, ttft, t0 = self._account(req)
-        reasoning, content, calls, out = self._pieces(req)
+        """SSE events as vLLM's serving.py streams them: for chat a first role chunk; one chunk per output token,
+        the last one carrying finish_reason (no empty trailing chunk); a usage chunk only when
+        stream_options.include_usage (or --enable-force-include-usage); then [DONE]."""
+        stats, cache = self._account(req)
+        steps, calls, reason, metric_reason = self._output(req)
         created = int(time.time())
-        n = 0
         kind = "chat.completion.chunk" if req["chat"] else "text_completion"
+        opts = req["body"].get("stream_options") or {}
+        include_usage = bool(opts.get("include_usage")) or self.args.enable_force_include_usage
+        continuous = include_usage and bool(opts.get("continuous_usage_stats"))
 
-        def chunk(delta, reason=None):
+        def chunk(delta, finish=None, n=0):
             if req["chat"]:
-                choice = {"index": 0, "delta": delta, "finish_reason": reason}
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": delta.get("content", ""), "finish_reason": reason}
-            return json.dumps({"id": req["id"], "object": kind, "created": created, "model": self.served,
-                               "choices": [choice]})
+                choice = {"index": 0, "text": delta.get("text", ""), "logprobs": None, "finish_reason": finish}
+            event = {"id": req["id"], "object": kind, "created": created, "model": self.served, "choices": [choice]}
+            if continuous:
+                event["usage"] = {"prompt_tokens": len(req["prompt_tokens"]), "completion_tokens": n,
+                                  "total_tokens": len(req["prompt_tokens"]) + n}
+            return json.dumps(event)
 
         if req["chat"]:
             yield chunk({"role": "assistant", "content": ""})
-        budget = req["max_tokens"]
-        for field, text in (("reasoning_content", reasoning), ("content", content)):
-            for tok in (tokens(text) if text else []):
-                if n >= budget:
-                    break
-                time.sleep(SECONDS_PER_TOKEN)
-                n += 1
-                yield chunk({field: tok})
+        last = len(steps) - 1 if not calls else None
+        for i, (field, piece) in enumerate(steps):
+            time.sleep(SECONDS_PER_TOKEN)
+            yield chunk({field: piece}, reason if i == last else None, i + 1)
         if calls:
-            yield chunk({"tool_calls": [dict(c, index=i) for i, c in enumerate(calls)]})
-        if not req["chat"]:
-            for tok in out:
-                if n >= budget:
-                    break
-                time.sleep(SECONDS_PER_TOKEN)
-                n += 1
-                yield chunk({"content": " " + tok})
-        reason = "tool_calls" if calls else ("length" if n >= budget else "stop")
-        self._finish(stats, req, hits, ttft, t0, max(n, 1), reason)
-        yield chunk({}, reason)
-        yield json.dumps({"id": req["id"], "object": kind, "created": created, "model": self.served, "choices": [],
-                          "usage": {"prompt_tokens": len(req["prompt_tokens"]), "completion_tokens": n,
-                                    "total_tokens": len(req["prompt_tokens"]) + n}})
+            yield chunk({"tool_calls": [dict(c, index=i) for i, c in enumerate(calls)]}, reason, len(steps))
+        self._finish(stats, req, cache, len(steps), metric_reason)
+        if include_usage:
+            yield json.dumps({"id": req["id"], "object": kind, "created": created, "model": self.served,
+                              "choices": [], "usage": self._usage(req, cache, len(steps))})
         yield "[DONE]"
 
     # ------------------------------------------------------------------ metrics
@@ -439,11 +487,13 @@ class Engine(object):
         emit("vllm:kv_cache_usage_perc", "gauge", lambda s: round(min(1.0, s.running / 16.0), 3))
         emit("vllm:prefix_cache_queries_total", "counter", lambda s: s.prefix_queries)
         emit("vllm:prefix_cache_hits_total", "counter", lambda s: s.prefix_hits)
+        emit("vllm:external_prefix_cache_queries_total", "counter", lambda s: s.external_queries)
+        emit("vllm:external_prefix_cache_hits_total", "counter", lambda s: s.external_hits)
         emit("vllm:prompt_tokens_total", "counter", lambda s: s.prompt_tokens)
         emit("vllm:generation_tokens_total", "counter", lambda s: s.generation_tokens)
         lines.append("# TYPE vllm:request_success_total counter")
         for engine, s in series:
-            for reason in ("stop", "length", "tool_calls", "abort"):
+            for reason in FINISH_REASONS:
                 lines.append('vllm:request_success_total{engine="%s",finished_reason="%s",model_name="%s"} %d'
                              % (engine, reason, name, s.success.get(reason, 0)))
         for metric, attr in (("vllm:time_to_first_token_seconds", "ttft"), ("vllm:e2e_request_latency_seconds", "e2e"),

@@ -14,6 +14,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import model as lm
+from . import versions
 
 VISIBLE = "ASCEND_RT_VISIBLE_DEVICES"
 HCCN_CONF = os.environ.get("NPUOPS_SIM_HCCN_CONF", "/etc/hccn.conf")
@@ -63,7 +64,7 @@ def check_devices(local_world):
     visible = os.environ.get(VISIBLE)
     ids = [int(x) for x in visible.split(",") if x.strip()] if visible else None
     if ids is None:
-        ids = sorted(int(re.sub(r"\D", "", p)) for p in glob.glob(os.path.join(DEV, "davinci[0-9]*")))
+        ids = sorted(int(re.sub(r"\D", "", os.path.basename(p))) for p in glob.glob(os.path.join(DEV, "davinci[0-9]*")))
     if len(ids) < local_world:
         die("ValueError: this node runs %d NPU workers (tensor x pipeline x local data parallel) but only %d NPUs "
             "are visible (%s=%s)" % (local_world, len(ids), VISIBLE, visible))
@@ -108,6 +109,18 @@ def check_network():
         ip = os.environ.get("HCCL_IF_IP")
         if nic and ip and ip not in nics.get(nic, []):
             die("RuntimeError: [Gloo] %s=%s does not own HCCL_IF_IP=%s; connectFullMesh failed" % (var, nic, ip))
+
+
+def check_parsers(args):
+    """validate_api_server_args (vllm/entrypoints/openai/api_server.py): parser names are checked against the
+    registries of this vLLM when the API server is set up, not by argparse."""
+    caps = versions.vllm()
+    if args.enable_auto_tool_choice and args.tool_call_parser not in caps["tool_call_parsers"]:
+        die("KeyError: 'invalid tool call parser: %s (chose from { %s })'"
+            % (args.tool_call_parser, ",".join(caps["tool_call_parsers"])))
+    if args.reasoning_parser and args.reasoning_parser not in caps["reasoning_parsers"]:
+        die("KeyError: 'invalid reasoning parser: %s (chose from { %s })'"
+            % (args.reasoning_parser, ",".join(caps["reasoning_parsers"])))
 
 
 def check_weights(path):
@@ -378,8 +391,8 @@ def run(args):
     dp_local = args.data_parallel_size_local or (1 if args.data_parallel_address else dp)
     served = (args.served_model_name or [model_path])[0]
     kv = args.kv_transfer_config or {}
-    log("INFO", "vLLM-Ascend stand-in %s serving %s (tp=%d pp=%d dp=%d nnodes=%d)" % (
-        "0.23.0", model_path, tp, pp, dp, args.nnodes))
+    log("INFO", "vLLM-Ascend stand-in (vLLM %s) serving %s (tp=%d pp=%d dp=%d nnodes=%d)" % (
+        versions.vllm_version(), model_path, tp, pp, dp, args.nnodes))
 
     # vLLM's own argument rules
     if args.headless and args.api_server_count > 1:
@@ -412,6 +425,8 @@ def run(args):
         if kv.get("kv_role") == "kv_consumer" and pp != 1:
             die("ValueError: MooncakeConnectorV1 requires decode pipeline_parallel_size = 1")
 
+    if not args.headless:
+        check_parsers(args)
     check_network()
     check_devices(local_world)
     multi_node = args.nnodes > 1 or dp > dp_local or bool(kv)
@@ -506,21 +521,30 @@ def handler(engine, api_key):
             self.end_headers()
             self.wfile.write(data)
 
+        def body(self):
+            """The request body, always read, so the connection stays usable for the next request."""
+            if getattr(self, "_body", None) is None:
+                self._body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            return self._body
+
         def authorized(self):
+            # vLLM's API-key middleware (vllm/entrypoints/serve/utils/server_utils.py): /v1 routes only
             if not api_key or not self.path.startswith("/v1"):
                 return True
             if self.headers.get("Authorization") == "Bearer " + api_key:
                 return True
+            self.body()
             self.send(401, {"error": "Unauthorized"})
             return False
 
         def do_GET(self):
+            self._body = None
             if not self.authorized():
                 return
             if self.path == "/health":
                 return self.send(200 if engine.ready() else 503, b"", "text/plain")
             if self.path == "/version":
-                return self.send(200, {"version": "0.23.0"})
+                return self.send(200, {"version": versions.vllm_version()})
             if self.path == "/v1/models":
                 return self.send(200, engine.models())
             if self.path == "/metrics":
@@ -528,10 +552,11 @@ def handler(engine, api_key):
             self.send(404, {"detail": "Not Found"})
 
         def do_POST(self):
+            self._body = None
             if not self.authorized():
                 return
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                body = json.loads(self.body() or b"{}")
             except ValueError:
                 return self.send(400, lm.error("invalid JSON body"))
             if not engine.ready():
@@ -541,25 +566,29 @@ def handler(engine, api_key):
             chat = self.path == "/v1/chat/completions"
             try:
                 req = engine.prepare(body, chat)
+                if not body.get("stream"):
+                    return self.send(200, engine.generate(req))
+                events = engine.generate_stream(req)
+                first = next(events)  # the prefill (and a KV pull) fails before the response starts
             except lm.RequestError as e:
-                return self.send(e.code, lm.error(str(e), e.code))
-            if body.get("stream"):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                for event in engine.generate_stream(req):
-                    chunk = ("data: %s\n\n" % event).encode()
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                    self.wfile.flush()
-                self.wfile.write(b"0\r\n\r\n")
-                return
-            try:
-                self.send(200, engine.generate(req))
-            except lm.RequestError as e:
-                self.send(e.code, lm.error(str(e), e.code))
+                return self.send(e.code, lm.error(str(e), e.code, e.param))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in _chain(first, events):
+                chunk = ("data: %s\n\n" % event).encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
 
     return H
+
+
+def _chain(first, rest):
+    yield first
+    for item in rest:
+        yield item
 
 
 def rng():

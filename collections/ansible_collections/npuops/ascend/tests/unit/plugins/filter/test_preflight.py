@@ -138,11 +138,7 @@ def test_ping_mesh_modes():
     assert all(len(v) == 48 for v in full.values())  # 4 nodes: full mesh, 3 peers per device
 
 
-def test_image_requirement_by_tag():
-    reqs = [{"tag_pattern": r"^v0\.(2[0-9])", "min_driver": "25.5.0"}, {"tag_pattern": ".*", "min_driver": "25.0.0"}]
-    assert preflight.image_requirement("quay.io/ascend/vllm-ascend:v0.23.0-a3", reqs)["min_driver"] == "25.5.0"
-    assert preflight.image_requirement("quay.io/ascend/vllm-ascend:v0.13.0", reqs)["min_driver"] == "25.0.0"
-    assert preflight.image_requirement("registry:5000/vllm-ascend:v0.23.0@sha256:ab", reqs)["tag"] == "v0.23.0"
+def test_image_generation_by_tag_suffix():
     assert preflight.image_generation("m.daocloud.io/quay.io/ascend/vllm-ascend:v0.23.0-a3-openeuler") == "A3"
     assert preflight.image_generation("quay.io/ascend/vllm-ascend:v0.23.0-openeuler") == "A2"
 

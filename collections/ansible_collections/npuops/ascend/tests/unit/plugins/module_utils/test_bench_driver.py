@@ -83,9 +83,10 @@ def test_prefix_counters_sum_every_engine_and_give_the_hit_rate():
     a = 'vllm:prefix_cache_queries_total{engine="0"} 100\nvllm:prefix_cache_hits_total{engine="0"} 40\n'
     b = 'vllm:prefix_cache_queries_total{engine="1"} 300\nvllm:prefix_cache_hits_total{engine="1"} 60\n'
     before = bench.prefix_counters([FakeMetrics(a), FakeMetrics(b)])
-    assert before == {"queries": 400.0, "hits": 100.0}
-    after = {"queries": 600.0, "hits": 250.0}
+    assert before == {"queries": 400.0, "hits": 100.0, "external_queries": 0.0, "external_hits": 0.0}
+    after = {"queries": 600.0, "hits": 250.0, "external_queries": 0.0, "external_hits": 0.0}
     assert bench.hit_rate(before, after) == 0.75
+    assert bench.hit_rate(before, after, "external_") is None
     assert bench.prefix_counters([FakeMetrics(a), FakeMetrics("", status=404)]) is None  # no partial sums
     assert bench.hit_rate(before, before) is None
 
@@ -112,3 +113,18 @@ def test_filler_words_have_the_asked_length_and_differ_by_seed():
     assert len(filler_words(500).split()) == 500
     assert filler_words(50, seed=1) != filler_words(50, seed=2)
     json.dumps(filler_words(10))
+
+
+def test_pulled_kv_is_counted_apart_from_prefix_cache_hits():
+    """A PD decode engine (prefix caching off) reports the KV it pulled under vllm:external_prefix_cache_*
+    only; the prefix hit rate is the prefill engines' own."""
+    prefill = ('vllm:prefix_cache_queries_total{engine="0"} 1000\nvllm:prefix_cache_hits_total{engine="0"} 650\n'
+               'vllm:external_prefix_cache_queries_total{engine="0"} 350\n'
+               'vllm:external_prefix_cache_hits_total{engine="0"} 0\n')
+    decode = ('vllm:prefix_cache_queries_total{engine="0"} 0\nvllm:prefix_cache_hits_total{engine="0"} 0\n'
+              'vllm:external_prefix_cache_queries_total{engine="0"} 1000\n'
+              'vllm:external_prefix_cache_hits_total{engine="0"} 1000\n')
+    zero = dict.fromkeys(("queries", "hits", "external_queries", "external_hits"), 0.0)
+    after = bench.prefix_counters([FakeMetrics(prefill), FakeMetrics(decode)])
+    assert bench.hit_rate(zero, after) == 0.65
+    assert bench.hit_rate(zero, after, "external_") == round(1000 / 1350.0, 4)

@@ -1,0 +1,113 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The image <-> version table (``data/images.yml``): which vLLM and vllm-ascend an image tag carries and what
+that version has (parsers, tokenizer modes, KV-cache dtypes, bench result fields, PD proxy routes).
+
+Pure functions over the table; the planner refuses a preset the image cannot serve (``preset_problems``),
+preflight reads the driver / CANN minimums (``image_versions``), the simulator emulates the version its tag
+claims and docs/versions.md shows the same table.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+
+from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
+
+# preset field -> (capability list of the vLLM version, the `vllm serve` flag)
+PRESET_FIELDS = (
+    ("reasoning_parser", "reasoning_parsers", "--reasoning-parser"),
+    ("tool_call_parser", "tool_call_parsers", "--tool-call-parser"),
+    ("tokenizer_mode", "tokenizer_modes", "--tokenizer-mode"),
+    ("kv_cache_dtype", "kv_cache_dtypes", "--kv-cache-dtype"),
+)
+
+
+def table():
+    """The parsed ``data/images.yml``."""
+    return catalog.load("images")
+
+
+def image_tag(image):
+    """The tag of an image reference (a digest is ignored; no tag is ``latest``)."""
+    ref = str(image or "").split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    return last.split(":", 1)[1] if ":" in last else "latest"
+
+
+def image_versions(image, data=None):
+    """-> {tag, vllm, vllm_ascend, proxy, min_driver, min_cann, known} of the first matching line, plus the
+    vLLM version's capabilities (reasoning_parsers, tool_call_parsers, tokenizer_modes, kv_cache_dtypes,
+    reasoning_field, bench_latencies) and the proxy's (proxy_routes, proxy_prefill_error, proxy_decode_error).
+    ``known`` is false (and the versions None) for a tag the table has no line for."""
+    data = data if data is not None else table()
+    tag = image_tag(image)
+    for line in data.get("images") or []:
+        if re.search(line["tag_pattern"], tag):
+            return line_versions(line, data, tag)
+    return {"tag": tag, "known": False, "vllm": None, "vllm_ascend": None, "proxy": None, "min_driver": None,
+            "min_cann": None}
+
+
+def line_versions(line, data=None, tag=None):
+    """image_versions() of one line of the table."""
+    data = data if data is not None else table()
+    out = dict(line, tag=tag, known=True, vllm=str(line["vllm"]), vllm_ascend=str(line["vllm_ascend"]))
+    out.update((data.get("vllm") or {}).get(out["vllm"]) or {})
+    proxy = (data.get("proxy") or {}).get(str(line.get("proxy"))) or {}
+    out.update(proxy_routes=proxy.get("routes") or [], proxy_prefill_error=proxy.get("prefill_error"),
+               proxy_decode_error=proxy.get("decode_error"))
+    return out
+
+
+def known_tags(data=None):
+    """The tag patterns of the table, for messages."""
+    data = data if data is not None else table()
+    return [line["tag_pattern"] for line in data.get("images") or []]
+
+
+def images_with(field, value, data=None):
+    """Tag patterns whose vLLM version has `value` in capability list `field` (for the fix of a refusal)."""
+    data = data if data is not None else table()
+    return [line["tag_pattern"] for line in data.get("images") or []
+            if value in ((data.get("vllm") or {}).get(str(line["vllm"])) or {}).get(field, [])]
+
+
+def preset_problems(preset, image, preset_name=None, data=None):
+    """What the preset needs that the image's vLLM lacks: one string per problem, naming the image, the preset
+    field and the fix. An image the table does not know is a problem too (nothing could be checked)."""
+    data = data if data is not None else table()
+    where = "preset %s" % preset_name if preset_name else "the model preset"
+    info = image_versions(image, data)
+    if not info["known"]:
+        return ["npuops_image %s: tag %r is not in the image version table (data/images.yml: %s), so %s cannot be "
+                "checked against its vLLM; use a listed image line or add this tag's line (vLLM and vllm-ascend "
+                "versions and what they have) to the table"
+                % (image, info["tag"], ", ".join(known_tags(data)), where)]
+    return capability_problems(preset, info, image, where, data)
+
+
+def capability_problems(preset, info, image, where, data=None):
+    """preset_problems() against one line_versions() / image_versions() result."""
+    data = data if data is not None else table()
+    problems = []
+    for field, capability, flag in PRESET_FIELDS:
+        value = (preset or {}).get(field)
+        if value in (None, "") or (field == "kv_cache_dtype" and value == "auto"):
+            continue
+        have = info.get(capability) or []
+        if value in have:
+            continue
+        fix = "use an image whose vLLM has it (%s)" % ", ".join(images_with(capability, value, data)) \
+            if images_with(capability, value, data) else "no image in the table has it"
+        if field == "kv_cache_dtype" and str(value) == "int8":
+            fix += ("; int8 KV (C8) on vllm-ascend comes from the checkpoint's quantization (quant_model_description "
+                    "kv_cache_type: C8), so set kv_cache_dtype: auto and kv_cache_quant: C8")
+        problems.append("npuops_image %s (vLLM %s, vllm-ascend %s): %s sets %s: %s (%s %s), which this vLLM does not "
+                        "have (it has: %s); %s, or set npuops_model_overrides: {%s: ...}"
+                        % (image, info["vllm"], info["vllm_ascend"], where, field, value, flag, value,
+                           ", ".join(have), fix, field))
+    return problems

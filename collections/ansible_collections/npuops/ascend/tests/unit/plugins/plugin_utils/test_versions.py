@@ -1,0 +1,65 @@
+"""The image <-> version table (data/images.yml) and what the planner refuses (plugin_utils/versions.py).
+
+The expected values are what the real packages have (read in vllm 0.23.0 / 0.27.1 / 0.32.0 and vllm-ascend
+v0.23.0 / main); the table is checked against them, not against itself."""
+import pytest
+
+from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, versions
+
+
+@pytest.fixture(scope="module")
+def presets():
+    import os
+    import yaml
+    path = os.path.join(catalog.DATA_DIR, "..", "roles", "plan", "defaults", "main", "presets.yml")
+    with open(path) as f:
+        return yaml.safe_load(f)["npuops_model_presets"]
+
+
+@pytest.mark.parametrize("image,vllm,ascend", [
+    ("quay.io/ascend/vllm-ascend:v0.23.0-a3", "0.23.0", "0.23.0"),
+    ("m.daocloud.io/quay.io/ascend/vllm-ascend:v0.23.0-a3-openeuler", "0.23.0", "0.23.0"),
+    ("quay.io/ascend/vllm-ascend:main-a3@sha256:0123", "0.27.1", "main"),
+    ("quay.io/ascend/vllm-ascend:v0.32.0-a3", "0.32.0", "0.32.0"),
+])
+def test_image_tag_gives_the_versions_the_image_carries(image, vllm, ascend):
+    info = versions.image_versions(image)
+    assert (info["known"], info["vllm"], info["vllm_ascend"]) == (True, vllm, ascend)
+    assert info["min_driver"] == "25.5.0" and info["min_cann"] == "8.3.RC1"
+
+
+def test_capabilities_follow_the_real_registries():
+    old, k3, new = (versions.image_versions("x:" + t) for t in ("v0.23.0-a3", "main-a3", "v0.32.0-a3"))
+    # kimi_k3 parsers and tokenizer mode arrived after 0.23.0 (vllm/reasoning, vllm/tool_parsers, TokenizerMode)
+    assert "kimi_k3" not in old["reasoning_parsers"] and "kimi_k3" not in old["tool_call_parsers"]
+    assert "kimi_k2" in old["reasoning_parsers"] and "kimi_k3" not in old["tokenizer_modes"]
+    for info in (k3, new):
+        assert {"kimi_k3"} <= set(info["reasoning_parsers"]) & set(info["tool_call_parsers"]) & \
+            set(info["tokenizer_modes"])
+    # no vLLM of the table has a plain int8 KV-cache dtype
+    assert not any("int8" in i["kv_cache_dtypes"] for i in (old, k3, new))
+    assert (old["bench_latencies"], k3["bench_latencies"], new["bench_latencies"]) == (False, False, True)
+    assert "GET /v1/models" not in old["proxy_routes"] and "GET /v1/models" in k3["proxy_routes"]
+    assert old["proxy_prefill_error"] == "500" and new["proxy_prefill_error"] == "upstream"
+
+
+def test_the_k3_presets_need_the_main_line(presets):
+    for name in ("kimi_k3_w4a8", "kimi_k3_1_pro_w4a8"):
+        assert versions.preset_problems(presets[name], "quay.io/ascend/vllm-ascend:main-a3", name) == []
+        problems = versions.preset_problems(presets[name], "quay.io/ascend/vllm-ascend:v0.23.0-a3", name)
+        fields = sorted(p.split(" sets ", 1)[1].split(":", 1)[0] for p in problems)
+        assert fields == ["reasoning_parser", "tokenizer_mode", "tool_call_parser"]
+        for p in problems:
+            assert "v0.23.0-a3" in p and "vLLM 0.23.0" in p and name in p and "^main(-|$)" in p
+
+
+def test_int8_kv_cache_dtype_is_refused_with_the_c8_fix():
+    problems = versions.preset_problems({"kv_cache_dtype": "int8"}, "r/vllm-ascend:main-a3", "p")
+    assert len(problems) == 1 and "--kv-cache-dtype int8" in problems[0]
+    assert "no image in the table has it" in problems[0] and "kv_cache_quant: C8" in problems[0]
+
+
+def test_an_unknown_tag_is_a_problem_naming_the_table():
+    problems = versions.preset_problems({"reasoning_parser": "kimi_k3"}, "r/vllm-ascend:my-build", "p")
+    assert len(problems) == 1 and "'my-build' is not in the image version table" in problems[0]
+    assert versions.image_versions("r/vllm-ascend")["tag"] == "latest"
