@@ -75,6 +75,20 @@ def test_a_fault_is_named_within_60s_and_recover_brings_the_instance_back(cluste
     assert rc == 0 and status["healthy"], out[-3000:]
 
 
+def test_validate_against_a_frozen_engine_fails_within_its_budget(cluster):
+    sim("fault", "--node", "1", "--fault", "engine_hang")
+    try:
+        t0 = time.time()
+        proc = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/validate.yml",
+                    "-e", '{"npuops_validate_budget": 20, "npuops_validate_from": "localhost"}'], check=False,
+                   timeout=300)
+        took = time.time() - t0
+    finally:
+        sim("fault", "--node", "1", "--fault", "clear")
+    assert proc.returncode != 0 and took < 90, (took, proc.stdout[-3000:])
+    assert "Validate:" in proc.stdout and "not run: the checks' budget of 20s was spent" in proc.stdout
+
+
 def test_recover_leaves_a_healthy_instance_untouched(cluster, tmp_path):
     before = cluster.ssh("node01", "podman inspect vllm --format '{{.State.StartedAt}}'").stdout
     rc, _took, _status, out = polled(cluster, tmp_path, "recover")

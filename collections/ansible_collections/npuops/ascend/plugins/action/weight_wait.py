@@ -11,13 +11,13 @@ __metaclass__ = type
 import base64
 import json
 import os
-import tempfile
 
 from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.npuops.ascend.plugins.plugin_utils import weights_watch
+from ansible_collections.npuops.ascend.plugins.plugin_utils.board import Board, board_dir
 
 display = Display()
 
@@ -39,12 +39,12 @@ class ActionModule(ActionBase):
             lost_after=dict(type="int", default=90),
         ))
         me = task_vars["inventory_hostname"]
-        board = weights_watch.Board(os.path.join(tempfile.gettempdir(), "npuops-weights-%s" % args["run_id"]))
+        board = Board(board_dir("weights-%s" % args["run_id"]))
         watch = weights_watch.Watch(me, args, board, self._look, self._stop, display.display)
         try:
             result.update(watch.run(task_vars))
         except AnsibleConnectionFailure as e:
-            board.post(me, {"state": "unreachable", "msg": str(e)})
+            board.post(me, "unreachable", str(e))
             raise
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)

@@ -33,24 +33,37 @@ def _message(resp):
 
 
 def run_checks(client, model=None, checks=ALL, health_path="/health", long_prompt_tokens=8000, max_tokens=256,
-               models_client=None):
+               models_client=None, budget=None, clock=time.time):
     """-> (rows, model). Later checks reuse what earlier ones learned (the model name, the chat answer).
     `models_client`: where to ask for /v1/models when the front door has none (the vllm-ascend v0.23.0 PD
-    proxy serves no /v1/models: its routes are completions, chat, healthcheck, reset_prefix_cache, instances)."""
+    proxy serves no /v1/models: its routes are completions, chat, healthcheck, reset_prefix_cache, instances).
+    `budget`: seconds all the checks together may take; a frozen engine fails the checks within it (each request
+    gets at most what is left) and the ones after it are not run, rather than every check waiting its timeout."""
     rows = []
     state = {"model": model, "chat": None}
+    deadline = clock() + budget if budget else None
+    per_request = client.timeout
 
     def check(name, fn):
         if name not in checks:
             return
-        t0 = time.time()
+        if deadline is not None:
+            left = deadline - clock()
+            if left < 1:
+                rows.append(row(name, False, "not run: the checks' budget of %ds was spent (a frozen or very slow "
+                                             "service?)" % budget, 0))
+                return
+            for c in (client, models_client):
+                if c is not None:
+                    c.timeout = min(per_request, left)
+        t0 = clock()
         try:
             ok, detail = fn()
         except ApiError as e:
             ok, detail = False, str(e)
         except (ValueError, KeyError, TypeError, IndexError) as e:
             ok, detail = False, "unexpected answer: %s: %s" % (type(e).__name__, e)
-        rows.append(row(name, ok, detail, time.time() - t0))
+        rows.append(row(name, ok, detail, clock() - t0))
 
     def health():
         status, text, _s = client.get(health_path)

@@ -52,7 +52,14 @@ options:
   timeout:
     description: Seconds each request may take.
     type: int
-    default: 300
+    default: 60
+  budget:
+    description:
+      - Seconds all the checks together may take (V(0) for no bound but each request's O(timeout)). Each request
+        gets at most what is left; checks that find nothing left fail as not run. A frozen engine then costs one
+        budget, not one timeout per check.
+    type: int
+    default: 0
   fail_on_error:
     description: Fail the task when a check failed.
     type: bool
@@ -119,7 +126,8 @@ def main():
             models_url=dict(type="str"),
             checks=dict(type="list", elements="str", choices=list(probe.ALL), default=list(probe.ALL)),
             long_prompt_tokens=dict(type="int", default=8000, no_log=False),
-            timeout=dict(type="int", default=300),
+            timeout=dict(type="int", default=60),
+            budget=dict(type="int", default=0),
             fail_on_error=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
@@ -128,7 +136,7 @@ def main():
     client = Client(p["url"], p["api_key"], timeout=p["timeout"])
     models_client = Client(p["models_url"], p["api_key"], timeout=p["timeout"]) if p["models_url"] else None
     rows, model = probe.run_checks(client, p["model"], p["checks"], p["health_path"], p["long_prompt_tokens"],
-                                   models_client=models_client)
+                                   models_client=models_client, budget=p["budget"] or None)
     failed = [r for r in rows if not r["ok"]]
     result = dict(changed=False, ok=not failed, model=model, checks=rows, failed_checks=failed)
     if failed and p["fail_on_error"]:

@@ -43,11 +43,13 @@ class Board(object):
     def _file(self, host):
         return os.path.join(self.path, "%s.json" % re.sub(r"[^A-Za-z0-9_.-]", "_", host))
 
-    def post(self, host, state, msg=""):
-        """Record `host`'s state (waiting, ready, failed, unreachable, aborted) atomically."""
-        tmp = self._file(host) + ".tmp"
+    def post(self, host, state, msg="", **extra):
+        """Record `host`'s state (waiting, running, ready, done, failed, unreachable, aborted, stopped) and what
+        else its watcher wants the others to see, atomically: a reader never sees half of one."""
+        tmp = "%s.%d.tmp" % (self._file(host), os.getpid())
+        entry = dict(extra, host=host, state=state, msg=msg, updated=self.clock())
         with open(tmp, "w") as f:
-            json.dump({"host": host, "state": state, "msg": msg, "time": self.clock()}, f)
+            json.dump(entry, f)
         os.rename(tmp, self._file(host))
 
     def read(self, host):
@@ -70,6 +72,7 @@ class Board(object):
                 continue
             if entry["state"] in FAILED:
                 out.append((h, entry["state"], entry.get("msg") or ""))
-            elif stale_after and entry["state"] == "waiting" and now - entry["time"] > stale_after:
-                out.append((h, "silent", "no news for %ds (its host or its connection hangs)" % (now - entry["time"])))
+            elif stale_after and entry["state"] == "waiting" and now - entry["updated"] > stale_after:
+                out.append((h, "silent", "no news for %ds (its host or its connection hangs)"
+                            % (now - entry["updated"])))
         return out

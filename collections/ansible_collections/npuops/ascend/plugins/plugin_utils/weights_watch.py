@@ -2,51 +2,20 @@
 # Copyright: npuops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Following the weight copies on the controller (the weight_wait action): one watcher per host, side by side
-in the controller's worker processes, sharing their state on a board (a directory of the controller), so
-that a failure anywhere ends the copy everywhere within about a second. Plain functions and classes: the
+in the controller's worker processes, sharing their state on a board (plugin_utils/board.py), so that a
+failure anywhere ends the copy everywhere within about a second. Plain functions and classes: the
 action supplies how to look at a node and how to stop its copy."""
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import json
-import os
 import time
 
 MAX_INTERVAL = 30
 # what an async job's result carries that is the job wrapper's, not the copy's
 _WRAPPER_KEYS = ("ansible_job_id", "started", "finished", "results_file", "stdout", "stderr", "stdout_lines",
                  "stderr_lines", "invocation", "_ansible_suppress_tmpdir_delete", "changed", "failed", "msg")
-
-
-class Board(object):
-    """One small JSON document per host, rewritten whole (a reader never sees half of one)."""
-
-    def __init__(self, path, clock=time.time):
-        self.path = path
-        self.clock = clock
-        if not os.path.isdir(path):
-            try:
-                os.makedirs(path, 0o700)
-            except OSError:
-                if not os.path.isdir(path):  # another watcher made it first
-                    raise
-
-    def post(self, host, state):
-        state = dict(state, updated=self.clock())
-        final = os.path.join(self.path, "%s.json" % host)
-        tmp = "%s.%d.tmp" % (final, os.getpid())
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-        os.rename(tmp, final)
-
-    def read(self, host):
-        try:
-            with open(os.path.join(self.path, "%s.json" % host)) as f:
-                return json.load(f)
-        except (IOError, OSError, ValueError):
-            return None
 
 
 def copy_state(status):
@@ -107,7 +76,7 @@ class Watch(object):
         try:
             self.stop(self.args, task_vars)
         finally:
-            self.board.post(self.me, {"state": state, "msg": msg})
+            self.board.post(self.me, state, msg)
         out = {"failed": True, "state": state, "msg": msg}
         out.update(extra or {})
         return out
@@ -118,7 +87,7 @@ class Watch(object):
         job = self.args.get("job")
         line = "%s: serving" % self.me
         next_look = started
-        self.board.post(self.me, {"state": "running", "line": line})
+        self.board.post(self.me, "running", line=line)
         while True:
             now = self.clock()
             if now >= next_look:
@@ -131,19 +100,19 @@ class Watch(object):
                     if state != "running":
                         msg = "the weight copy failed: %s" % ((status or {}).get("msg") or "no message") \
                             if state == "failed" else ""
-                        self.board.post(self.me, {"state": state, "msg": msg, "line": line})
+                        self.board.post(self.me, state, msg, line=line)
                         out = dict((k, v) for k, v in (status or {}).items() if k not in _WRAPPER_KEYS)
                         out.update(state=state, progress=line)
                         if state == "failed":
                             out.update(failed=True, msg="%s: %s" % (self.me, msg))
                         return out
-                self.board.post(self.me, {"state": "running", "line": line})
+                self.board.post(self.me, "running", line=line)
             trouble = self.trouble(started, now)
             if trouble:
                 return self._end_here(task_vars, "stopped", "stopped because %s" % "; ".join(
                     "%s %s" % t for t in trouble), {"stopped_because": [h for h, _r in trouble], "progress": line})
             if not job and self.others_done():
-                self.board.post(self.me, {"state": "done", "line": line})
+                self.board.post(self.me, "done", line=line)
                 return {"state": "done", "progress": line}
             if now > deadline:
                 return self._end_here(task_vars, "failed", "the weight copy did not end within %ss "

@@ -7,6 +7,7 @@ __metaclass__ = type
 import pytest
 
 from ansible_collections.npuops.ascend.plugins.plugin_utils import weights_watch
+from ansible_collections.npuops.ascend.plugins.plugin_utils.board import Board
 
 
 class Clock(object):
@@ -34,7 +35,7 @@ def clock():
 
 @pytest.fixture
 def board(tmp_path, clock):
-    return weights_watch.Board(str(tmp_path / "board"), clock=clock)
+    return Board(str(tmp_path / "board"), clock=clock)
 
 
 def progress(done, run_id="run-2", state="running"):
@@ -48,8 +49,8 @@ def test_a_copy_of_more_than_300_rounds_is_followed_in_one_task_with_a_line_per_
 
     def look(a, tv):
         rounds["n"] += 1
-        board.post("n1", {"state": "running"})  # the other watchers are alive
-        board.post("n3", {"state": "running"})
+        board.post("n1", "running")  # the other watchers are alive
+        board.post("n3", "running")
         if rounds["n"] < 400:
             return {"finished": 0}, progress(rounds["n"])
         return {"finished": 1, "files_total": 9, "files_fetched": 9, "bytes_fetched": 9 * 10 ** 9}, progress(900, state="done")
@@ -75,7 +76,7 @@ def test_a_host_that_fails_or_drops_out_stops_the_others_at_once(board, clock):
     def look(a, tv):
         return {"finished": 0}, progress(10)
 
-    board.post("n3", {"state": "unreachable", "msg": "Failed to connect to the host via ssh"})
+    board.post("n3", "unreachable", "Failed to connect to the host via ssh")
     w = weights_watch.Watch("n2", args(), board, look, lambda a, tv: stopped.append(a["run_id"]), lambda line: None,
                             clock=clock, sleep=clock.sleep)
     out = w.run({})
@@ -86,10 +87,10 @@ def test_a_host_that_fails_or_drops_out_stops_the_others_at_once(board, clock):
 
 def test_a_silent_watcher_counts_as_lost(board, clock):
     def look(a, tv):
-        board.post("n1", {"state": "running"})
+        board.post("n1", "running")
         return {"finished": 0}, progress(10)
 
-    board.post("n3", {"state": "running"})
+    board.post("n3", "running")
     w = weights_watch.Watch("n2", args(lost_after=30), board, look, lambda a, tv: None, lambda line: None,
                             clock=clock, sleep=clock.sleep)
     out = w.run({})
@@ -108,18 +109,18 @@ def test_a_failed_copy_names_its_host_and_reason(board, clock):
 
 def test_a_host_that_only_serves_waits_for_the_receivers_and_the_timeout_bounds_all(board, clock):
     looks = []
-    board.post("n2", {"state": "done"})
-    board.post("n3", {"state": "done"})
+    board.post("n2", "done")
+    board.post("n3", "done")
     out = weights_watch.Watch("n1", args(job=None), board, lambda a, tv: looks.append(1) or (None, None),
                               lambda a, tv: None, lambda line: None, clock=clock, sleep=clock.sleep).run({})
     assert out == {"state": "done", "progress": "n1: serving"} and looks
-    board.post("n2", {"state": "running"})
-    board.post("n3", {"state": "running"})
+    board.post("n2", "running")
+    board.post("n3", "running")
     stopped = []
 
     def look(a, tv):
-        board.post("n2", {"state": "running"})
-        board.post("n3", {"state": "running"})
+        board.post("n2", "running")
+        board.post("n3", "running")
         return None, None
 
     out = weights_watch.Watch("n1", args(job=None, timeout=60), board, look, lambda a, tv: stopped.append(1),
