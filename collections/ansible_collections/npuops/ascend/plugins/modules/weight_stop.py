@@ -82,7 +82,8 @@ def main():
     p = module.params
     stopped = weight_runs.stop(p["run_dir"], run_id=p["run_id"], except_run_id=p["except_run_id"],
                                check_only=module.check_mode)
-    module.exit_json(changed=bool(stopped), stopped=[dict((k, v) for k, v in s.items() if k != "record")
+    internal = ("record", "supervisors")
+    module.exit_json(changed=bool(stopped), stopped=[dict((k, v) for k, v in s.items() if k not in internal)
                                                      for s in stopped])
 
 
