@@ -71,7 +71,7 @@ sim() {
     echo "the simulated-cluster tests need root (network and mount namespaces)" >&2
     return 1
   fi
-  pytest -q -m sim -p no:cacheprovider
+  pytest -q -m sim -p no:cacheprovider --durations=25
 }
 
 collection() {

@@ -1,4 +1,5 @@
 """Up and down: sizes, timings, and that `down` leaves nothing behind."""
+import json
 import os
 import re
 import subprocess
@@ -74,7 +75,7 @@ def test_down_cleans_up_after_a_crash_halfway_up(tmp_path_factory):
     assert after["netns"] == before["netns"] and after["links"] == before["links"]
 
 
-def test_sixteen_nodes_up_in_under_3_minutes_and_down_in_under_1(tmp_path_factory):
+def test_sixteen_nodes_up_in_under_3_minutes_pass_preflight_and_go_down_in_under_1(tmp_path_factory, tmp_path):
     sim("image")  # the acceptance timing is with the image already cached
     sim("down")
     t0 = time.monotonic()
@@ -90,6 +91,12 @@ def test_sixteen_nodes_up_in_under_3_minutes_and_down_in_under_1(tmp_path_factor
         assert len(addrs) == 32
         text = open(c.inventory).read()
         assert "npuops_tier: 8p8d_pd" in text and "prefill:" in text and "decode:" in text
+        # and a healthy 16-node cluster passes preflight (the one 16-node bring-up of this suite serves both)
+        proc = run([BIN + "/ansible-playbook", "-i", c.inventory, "playbooks/preflight.yml",
+                    "-e", "npuops_reports_dir=%s" % tmp_path], check=False, timeout=600)
+        report = json.loads((tmp_path / "preflight.json").read_text())
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert len(report["hosts"]) == 16 and report["ok"]
     finally:
         t1 = time.monotonic()
         sim("down")
