@@ -22,13 +22,17 @@ import time
 
 
 def start_time(pid, proc_root="/proc"):
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), or None when there is no
+    such process or it is a zombie (ended, not yet reaped by its parent)."""
     try:
         with open(os.path.join(proc_root, str(pid), "stat")) as f:
             stat = f.read()
     except (OSError, IOError):
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
 
 
 def read_record(pidfile):

@@ -225,8 +225,8 @@ class Collector(object):
                 if value is None:
                     raise ValueError("hccn_tool -i %s -%s -g: %s" % (phy, name, text.strip()[-200:]))
                 return value
-            return self._read("hccn_tool -%s" % name if phy is None else "hccn_tool -i %s -%s" % (phy, name),
-                              [self.hccn_tool, "-i", str(phy), "-%s" % name, "-g"], p)
+            return self._read("hccn_tool -i %s -%s" % (phy, name), [self.hccn_tool, "-i", str(phy), "-%s" % name, "-g"],
+                              p)
         return {"link": item("link", hccn.parse_link), "net_health": item("net_health", hccn.parse_net_health)}
 
     def refresh(self):
