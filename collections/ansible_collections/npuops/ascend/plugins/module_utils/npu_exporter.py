@@ -248,6 +248,14 @@ class Collector(object):
             t.join(self.timeout + 5)
         if results.get("mapping"):
             self.mapping = results["mapping"]
+        with self.lock:
+            info_value = results.get("info")
+            if info_value is not None:
+                self.chips = join_chips(info_value, self.mapping)
+                self.processes = info_value["processes"]
+                self.info_failed = False
+            elif INFO in self.reads:
+                self.info_failed = True
         phys = sorted(set(m["phy_id"] for m in self.mapping or []))
         devices = {}
 
@@ -262,13 +270,6 @@ class Collector(object):
         for t in threads:
             t.join(self.timeout + 5)
         with self.lock:
-            info_value = results.get("info")
-            if info_value is not None:
-                self.chips = join_chips(info_value, self.mapping)
-                self.processes = info_value["processes"]
-                self.info_failed = False
-            elif INFO in self.reads:
-                self.info_failed = True
             self.devices = devices
 
     def _probe(self, p):
