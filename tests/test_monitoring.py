@@ -20,7 +20,7 @@ pytestmark = pytest.mark.sim
 FAST = {"npuops_monitor_scrape_interval": "2s", "npuops_monitor_evaluation_interval": "2s",
         "npuops_monitor_scrape_timeout": "2s", "npuops_monitor_alert_for": "0s",
         "npuops_monitor_exporter_interval": 2, "npuops_monitor_exporter_timeout": 1}
-DASHBOARD = REPO + "/collections/ansible_collections/npuops/ascend/files/grafana/npuops-dashboard.json"
+DASHBOARD = REPO + "/collections/ansible_collections/npuops/ascend/roles/monitoring/files/npuops-dashboard.json"
 CORE_PANELS = ("Engines up", "NPU chips healthy", "Running and waiting requests", "Prompt and generation throughput",
                "KV cache usage per engine", "NPU health (1 healthy, 0 not, -1 read failed)", "HBM used", "Temperature",
                "Power", "Device links and net health")

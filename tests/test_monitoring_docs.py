@@ -5,7 +5,7 @@ import re
 import yaml
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-RULES = os.path.join(REPO, "collections/ansible_collections/npuops/ascend/files/prometheus/npuops-alerts.rules.yml")
+RULES = os.path.join(REPO, "collections/ansible_collections/npuops/ascend/roles/monitoring/files/npuops-alerts.rules.yml")
 
 
 def test_every_alert_has_a_runbook_entry_with_a_first_action():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the collection's shipped alert rules file (files/prometheus/npuops-alerts.rules.yml) from the filter that
+"""Write the collection's shipped alert rules file (roles/monitoring/files/npuops-alerts.rules.yml) from the filter that
 the monitoring role renders them with, with the default settings. A unit test checks the two agree."""
 import os
 import sys
@@ -20,7 +20,7 @@ def text():
 
 
 if __name__ == "__main__":
-    path = os.path.join(HERE, "..", "collections", "ansible_collections", "npuops", "ascend", "files", "prometheus",
+    path = os.path.join(HERE, "..", "collections", "ansible_collections", "npuops", "ascend", "roles", "monitoring", "files",
                         "npuops-alerts.rules.yml")
     with open(path, "w") as f:
         f.write(text())

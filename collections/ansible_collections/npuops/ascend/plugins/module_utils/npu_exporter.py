@@ -384,3 +384,58 @@ def command_line(python, install_dir, address, port, npu_smi_path, hccn_tool_pat
     for p in probes or ():
         argv += ["--probe", "%s=%s" % (p["name"], p["url"])]
     return argv
+
+
+LAUNCHER = """#!/usr/bin/python3
+# npuops NPU exporter: Prometheus text from npu-smi / hccn_tool (installed by npuops.ascend.npu_exporter).
+# The code is the collection's module_utils (npu_exporter.py and its parsers), next to this file.
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ansible_collections.npuops.ascend.plugins.module_utils import npu_exporter  # noqa: E402
+
+if __name__ == "__main__":
+    npu_exporter.main()
+"""
+PACKAGE = "ansible_collections/npuops/ascend/plugins/module_utils"
+
+
+def sources():
+    """{relative path: text} of the exporter: the launcher and the module_utils it imports (their own source, as
+    the module carries them to the node)."""
+    import inspect
+    from ansible_collections.npuops.ascend.plugins.module_utils import workers
+    out = {"npuops-npu-exporter": LAUNCHER}
+    for mod in (npu_smi, hccn, proc, workers):
+        out["%s/%s.py" % (PACKAGE, mod.__name__.rsplit(".", 1)[-1])] = inspect.getsource(mod)
+    out["%s/npu_exporter.py" % PACKAGE] = inspect.getsource(inspect.getmodule(sources))
+    return out
+
+
+def install(install_dir, files=None, check_mode=False):
+    """Write the exporter's files under install_dir where they differ -> the relative paths changed."""
+    import os
+    changed = []
+    for rel, text in sorted((files or sources()).items()):
+        path = os.path.join(install_dir, rel)
+        try:
+            with open(path) as f:
+                same = f.read() == text
+        except (OSError, IOError):
+            same = False
+        if same:
+            continue
+        changed.append(rel)
+        if check_mode:
+            continue
+        d = os.path.dirname(path)
+        if not os.path.isdir(d):
+            os.makedirs(d, 0o755)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755 if rel == "npuops-npu-exporter" else 0o644)
+        os.rename(tmp, path)
+    return changed

@@ -19,18 +19,20 @@ description:
     C(hccn_tool -link -g), C(-net_health -g)). Metric names and labels follow Huawei's MindCluster NPU Exporter.
   - Every command is bounded by O(timeout) and read in the background every O(interval) seconds; a scrape renders
     the last readings, so it answers at once even while npu-smi hangs, and a failed read is exported as
-    C(npuops_npu_exporter_read_error{source="..."} 1).
+    C(npuops_npu_exporter_read_error) 1 for its source.
   - For hosts without systemd (and the simulated nodes). The process is owned through O(pid_file): converging with
     the same settings changes nothing; other settings restart it. On systemd hosts the monitoring role installs a
     unit with the same command line instead.
-  - The exporter's code must already be on the node under O(install_dir) (the monitoring role copies it).
+  - The module carries the exporter's code (the collection's module_utils) and writes it under O(install_dir) when
+    it differs; new code restarts a running exporter. With O(state=installed) it only writes the code (the monitoring
+    role's systemd unit runs it).
 author:
   - npuops maintainers (@npuops)
 options:
   state:
-    description: Whether the exporter runs.
+    description: Whether the exporter runs; V(installed) writes its code only.
     type: str
-    choices: [started, stopped]
+    choices: [started, stopped, installed]
     default: started
   address:
     description: The address to listen on (the node's management address; never 0.0.0.0 by default).
@@ -40,7 +42,7 @@ options:
     type: int
     default: 9911
   install_dir:
-    description: Where the exporter's code is (C(npuops-npu-exporter) and its C(ansible_collections) tree).
+    description: Where the exporter's code is written (C(npuops-npu-exporter) and its C(ansible_collections) tree).
     type: path
     default: /opt/npuops/npu-exporter
   python:
@@ -91,7 +93,7 @@ options:
     default: 20
 attributes:
   check_mode:
-    description: Reports whether it would start, restart or stop the exporter.
+    description: Reports whether it would write code, start, restart or stop the exporter.
     support: full
   diff_mode:
     description: No diff.
@@ -112,8 +114,14 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+files:
+  description: The exporter's files (relative to O(install_dir)) that were (would be) written.
+  returned: always
+  type: list
+  elements: str
+  sample: [ansible_collections/npuops/ascend/plugins/module_utils/npu_exporter.py]
 action:
-  description: What was done (none, started, restarted, stopped).
+  description: What was done to the process (none, started, restarted, stopped).
   returned: always
   type: str
   sample: started
@@ -142,7 +150,7 @@ from ansible_collections.npuops.ascend.plugins.module_utils import daemon, npu_e
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state=dict(type="str", choices=["started", "stopped"], default="started"),
+            state=dict(type="str", choices=["started", "stopped", "installed"], default="started"),
             address=dict(type="str"),
             port=dict(type="int", default=npu_exporter.DEFAULT_PORT),
             install_dir=dict(type="path", default="/opt/npuops/npu-exporter"),
@@ -161,17 +169,24 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    files = [] if p["state"] == "stopped" else npu_exporter.install(p["install_dir"], check_mode=module.check_mode)
+    if p["state"] == "installed":
+        module.exit_json(changed=bool(files), files=files, action="none")
     argv = npu_exporter.command_line(p["python"], p["install_dir"], p["address"], p["port"], p["npu_smi_path"],
                                      p["hccn_tool_path"], p["timeout"], p["interval"], p["probes"]) \
         if p["state"] == "started" else []
+    running = daemon.status(p["pid_file"])
+    if files and running and p["state"] == "started" and not module.check_mode:
+        daemon.stop(running)  # new code: the converge below starts it again
     result = daemon.converge(argv, p["pid_file"], p["log_file"], state=p["state"], check_mode=module.check_mode)
-    out = {"changed": result["changed"], "action": result["action"]}
+    action = "restarted" if files and running and result["action"] == "started" else result["action"]
+    out = {"changed": bool(files) or result["changed"], "action": action, "files": files}
     if result["record"]:
         out["pid"] = result["record"]["pid"]
     if p["state"] == "started":
         out["argv"] = argv
         out["url"] = "http://%s:%d/metrics" % (p["address"], p["port"])
-        if result["action"] in ("started", "restarted") and not module.check_mode:
+        if action in ("started", "restarted") and not module.check_mode:
             ok, why = daemon.wait_http(out["url"], p["wait_timeout"])
             if not ok:
                 module.fail_json(msg="the NPU exporter did not answer at %s within %ss (%s); its log: %s"

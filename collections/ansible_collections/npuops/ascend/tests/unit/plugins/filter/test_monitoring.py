@@ -14,9 +14,9 @@ import yaml
 from ansible_collections.npuops.ascend.plugins.filter import monitoring, topology
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import COLLECTION, inventory, tier_spec
 
-RULES = os.path.join(COLLECTION, "files", "prometheus", "npuops-alerts.rules.yml")
+RULES = os.path.join(COLLECTION, "roles", "monitoring", "files", "npuops-alerts.rules.yml")
 RULE_TESTS = os.path.join(COLLECTION, "tests", "unit", "prometheus", "npuops-alerts.test.yml")
-DASHBOARD = os.path.join(COLLECTION, "files", "grafana", "npuops-dashboard.json")
+DASHBOARD = os.path.join(COLLECTION, "roles", "monitoring", "files", "npuops-dashboard.json")
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
 

@@ -195,3 +195,17 @@ def test_a_hanging_npu_smi_is_killed_after_the_timeout_and_scrapes_answer_meanwh
     assert float(sample(body, 'npuops_npu_exporter_read_duration_seconds{source="npu-smi info"}')) < 2.0
     assert urlopen("http://127.0.0.1:%d/" % port, timeout=2).status == 200
     assert sys.version_info >= (3, 8)
+
+
+def test_install_writes_a_runnable_exporter_once(tmp_path):
+    import subprocess
+    d = str(tmp_path / "exp")
+    changed = npu_exporter.install(d)
+    assert sorted(changed) == ["ansible_collections/npuops/ascend/plugins/module_utils/%s.py" % m
+                               for m in ("hccn", "npu_exporter", "npu_smi", "proc", "workers")] + ["npuops-npu-exporter"]
+    assert npu_exporter.install(d) == []
+    assert npu_exporter.install(d, files={"npuops-npu-exporter": "changed\n"}, check_mode=True) == ["npuops-npu-exporter"]
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable  # no ansible there
+    out = subprocess.run([python, os.path.join(d, "npuops-npu-exporter"), "--help"], capture_output=True,
+                         text=True, timeout=30, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+    assert out.returncode == 0 and "--address" in out.stdout, out.stderr
