@@ -20,7 +20,7 @@ description:
   - Every command is bounded by O(timeout) and read in the background every O(interval) seconds; a scrape renders
     the last readings, so it answers at once even while npu-smi hangs, and a failed read is exported as
     C(npuops_npu_exporter_read_error) 1 for its source.
-  - For hosts without systemd (and the simulated nodes). The process is owned through O(pid_file): converging with
+  - For hosts without systemd (and the simulated nodes). The process is owned through O(pid_file); converging with
     the same settings changes nothing; other settings restart it. On systemd hosts the monitoring role installs a
     unit with the same command line instead.
   - The module carries the exporter's code (the collection's module_utils) and writes it under O(install_dir) when
@@ -99,7 +99,7 @@ attributes:
     description: No diff.
     support: none
 notes:
-  - Required with O(state=started): O(address).
+  - O(address) is required with O(state=started).
 seealso:
   - module: npuops.ascend.managed_process
 """
