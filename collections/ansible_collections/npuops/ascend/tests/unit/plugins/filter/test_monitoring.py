@@ -146,3 +146,11 @@ def test_the_dashboard_goes_cluster_instance_engine_npu():
 def test_filters_are_registered(name):
     names = monitoring.FilterModule().filters()
     assert {"alert_rules": "prometheus_alert_rules", "scrape_config": "prometheus_scrape_config"}[name] in names
+
+
+def test_the_outcome_carries_the_prometheus_urls():
+    from ansible_collections.npuops.ascend.plugins.filter import outcome
+    out = outcome.rollout_outcome(dp_plan(), {"served_model_name": "kimi-k3"},
+                                  monitor={"prometheus_urls": ["http://10.0.0.11:9090"], "exporter_port": 9911})
+    assert out["monitor"] == {"prometheus": ["http://10.0.0.11:9090"]}
+    assert outcome.rollout_outcome(dp_plan(), {})["monitor"] is None
