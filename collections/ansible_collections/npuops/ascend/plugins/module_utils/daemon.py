@@ -144,23 +144,36 @@ def _write(pidfile, record):
     os.rename(tmp, pidfile)
 
 
-def wait_http(url, timeout, interval=0.3, opener=None):
+def http_status(url, timeout):
+    """The HTTP status of a GET of url, or None when nothing answered (http.client: this also runs outside
+    Ansible, in the exporter daemon)."""
+    try:
+        from http.client import HTTPConnection, HTTPSConnection
+        from urllib.parse import urlsplit
+    except ImportError:  # pragma: no cover
+        return None
+    parts = urlsplit(url)
+    conn_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+    conn = conn_class(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("GET", (parts.path or "/") + ("?" + parts.query if parts.query else ""))
+        return conn.getresponse().status
+    except Exception:  # pylint: disable=broad-except
+        return None
+    finally:
+        conn.close()
+
+
+def wait_http(url, timeout, interval=0.3, status_of=None):
     """Poll url until it answers 2xx; -> (ok, last error)."""
-    from urllib.request import urlopen
-    opener = opener or urlopen
+    status_of = status_of or http_status
     deadline = time.time() + timeout
     last = None
     while True:
-        try:
-            resp = opener(url, timeout=3)
-            try:
-                if 200 <= resp.status < 300:
-                    return True, None
-                last = "HTTP %s" % resp.status
-            finally:
-                resp.close()
-        except Exception as e:  # pylint: disable=broad-except
-            last = str(e)
+        status = status_of(url, 3)
+        if status is not None and 200 <= status < 300:
+            return True, None
+        last = "HTTP %s" % status if status is not None else "no answer"
         if time.time() >= deadline:
             return False, last
         time.sleep(interval)

@@ -22,7 +22,7 @@ __metaclass__ = type
 import threading
 import time
 
-from ansible_collections.npuops.ascend.plugins.module_utils import hccn, npu_smi, proc
+from ansible_collections.npuops.ascend.plugins.module_utils import daemon, hccn, npu_smi, proc
 
 DEFAULT_PORT = 9911
 INFO = "npu-smi info"
@@ -177,7 +177,7 @@ class Collector(object):
         self.npu_smi, self.hccn_tool = npu_smi_path, hccn_tool_path
         self.timeout, self.interval = float(timeout), float(interval)
         self.probes = list(probes)
-        self.run = run or (lambda argv, t: proc.run(argv, t))
+        self.run = run or proc.run
         self.clock = clock
         self.http_get = http_get or _http_ok
         self.lock = threading.Lock()
@@ -298,18 +298,8 @@ class Collector(object):
 
 
 def _http_ok(url, timeout):
-    try:
-        from urllib.request import urlopen
-    except ImportError:  # pragma: no cover
-        return False
-    try:
-        resp = urlopen(url, timeout=timeout)  # nosec: an operator-given health URL on the service's network
-        try:
-            return 200 <= resp.status < 300
-        finally:
-            resp.close()
-    except Exception:  # pylint: disable=broad-except
-        return False
+    status = daemon.http_status(url, timeout)
+    return status is not None and 200 <= status < 300
 
 
 def parse_probe(text):
@@ -408,7 +398,7 @@ def sources():
     import inspect
     from ansible_collections.npuops.ascend.plugins.module_utils import workers
     out = {"npuops-npu-exporter": LAUNCHER}
-    for mod in (npu_smi, hccn, proc, workers):
+    for mod in (daemon, npu_smi, hccn, proc, workers):
         out["%s/%s.py" % (PACKAGE, mod.__name__.rsplit(".", 1)[-1])] = inspect.getsource(mod)
     out["%s/npu_exporter.py" % PACKAGE] = inspect.getsource(inspect.getmodule(sources))
     return out
