@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# make setup: the system packages the simulated cluster needs (when run as root) and .venv with the
+# make setup: the system packages the simulated cluster and the monitoring tests need (when run as root) and .venv with the
 # controller stack of pyproject.toml. Idempotent: a stamp keyed on pyproject.toml and this script makes
 # the second run a few dpkg/stat calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SYSTEM_PACKAGES=(podman runc openssh-server mmdebstrap iproute2 iputils-ping rsync util-linux)
+SYSTEM_PACKAGES=(podman runc openssh-server mmdebstrap iproute2 iputils-ping rsync util-linux prometheus)
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 

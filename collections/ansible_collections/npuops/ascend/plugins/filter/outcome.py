@@ -37,7 +37,7 @@ def unreachable_hosts(hostvars, hosts, key):
 
 
 def rollout_outcome(plan, model_spec, preflight=None, weights=None, validate=None, bench=None, failed=None,
-                    deploy=None):
+                    deploy=None, monitor=None):
     """The outcome of site.yml for tools. A stage is None when it did not run (skipped by tag, or after a
     failure)."""
     plan = plan or {}
@@ -46,7 +46,8 @@ def rollout_outcome(plan, model_spec, preflight=None, weights=None, validate=Non
            "nodes": sorted(plan.get("hosts") or []),
            "instances": dict((name, {"endpoint": inst.get("endpoint"), "hosts": inst.get("hosts")})
                              for name, inst in sorted((plan.get("instances") or {}).items())),
-           "preflight": None, "weights": None, "deploy": None, "validate": None, "bench_report": None, "bench": None}
+           "preflight": None, "weights": None, "deploy": None, "validate": None, "bench_report": None, "bench": None,
+           "monitor": None}
     if preflight:
         out["preflight"] = {"ok": preflight.get("ok"), "go": preflight.get("go"),
                             "failures": [dict((k, f.get(k)) for k in ("host", "check", "device", "observed", "fix"))
@@ -62,6 +63,8 @@ def rollout_outcome(plan, model_spec, preflight=None, weights=None, validate=Non
     if bench:
         out["bench_report"] = bench.get("report")
         out["bench"] = {"ok": bench.get("ok"), "report_dir": bench.get("report_dir"), "table": bench.get("table")}
+    if monitor:
+        out["monitor"] = {"prometheus": list(monitor.get("prometheus_urls") or [])}
     return out
 
 

@@ -82,6 +82,9 @@ class Stats(object):
     def __init__(self):
         self.running = 0
         self.waiting = 0
+        # the stand-in never preempts; vLLM counts it as vllm:num_preemptions (vllm/v1/metrics/loggers.py),
+        # which prometheus_client exposes as vllm:num_preemptions_total
+        self.preemptions = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.external_queries = 0
@@ -489,6 +492,7 @@ class Engine(object):
         emit("vllm:prefix_cache_hits_total", "counter", lambda s: s.prefix_hits)
         emit("vllm:external_prefix_cache_queries_total", "counter", lambda s: s.external_queries)
         emit("vllm:external_prefix_cache_hits_total", "counter", lambda s: s.external_hits)
+        emit("vllm:num_preemptions_total", "counter", lambda s: s.preemptions)
         emit("vllm:prompt_tokens_total", "counter", lambda s: s.prompt_tokens)
         emit("vllm:generation_tokens_total", "counter", lambda s: s.generation_tokens)
         lines.append("# TYPE vllm:request_success_total counter")

@@ -1,0 +1,158 @@
+"""Monitoring on a 4-node simulated cluster: site.yml's monitor stage, then monitor.yml again (nothing changes); the
+real Prometheus scrapes every engine and exporter with the plan's labels; simulator faults become alerts in
+Prometheus's own alerts API (with host and device labels) and resolve after clear / recover; the exporter answers
+within 2 s while npu-smi hangs; every dashboard panel's expression runs against the live Prometheus.
+
+Fast settings keep the module short: scrape and rule evaluation every 2 s, every alert's `for:` 0s, the exporter
+reading every 2 s with a 1 s timeout per command."""
+import json
+import re
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from npuops_sim.testing import REPO, bring_up, playbook, sim
+
+pytestmark = pytest.mark.sim
+
+FAST = {"npuops_monitor_scrape_interval": "2s", "npuops_monitor_evaluation_interval": "2s",
+        "npuops_monitor_scrape_timeout": "2s", "npuops_monitor_alert_for": "0s",
+        "npuops_monitor_exporter_interval": 2, "npuops_monitor_exporter_timeout": 1}
+DASHBOARD = REPO + "/collections/ansible_collections/npuops/ascend/roles/monitoring/files/npuops-dashboard.json"
+CORE_PANELS = ("Engines up", "NPU chips healthy", "Running and waiting requests", "Prompt and generation throughput",
+               "KV cache usage per engine", "NPU health (1 healthy, 0 not, -1 read failed)", "HBM used", "Temperature",
+               "Power", "Device links and net health")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = bring_up(tmp_path_factory, 4)
+    sim("weights", "--node", "1", "--size", "64M", "--files", "2")
+    c.site = playbook(c, "site", "--tags", "weights,deploy,monitor", "-e", json.dumps(FAST), timeout=900)
+    c.prometheus = "http://%s:9090" % c.ip("node01")
+    yield c
+    sim("down", timeout=300)
+
+
+def get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read().decode())
+
+
+def query(c, expr):
+    out = get(c.prometheus + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    assert out["status"] == "success", out
+    return out["data"]["result"]
+
+
+def wait(what, check, timeout, interval=1.0):
+    deadline = time.time() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError("%s: not within %ss" % (what, timeout))
+        time.sleep(interval)
+
+
+def firing(c):
+    alerts = get(c.prometheus + "/api/v1/alerts")["data"]["alerts"]
+    return [a for a in alerts if a["state"] == "firing"]
+
+
+def test_site_runs_the_monitor_stage_and_prometheus_scrapes_every_engine_and_exporter(cluster):
+    assert re.search(r"Install and configure Prometheus", cluster.site.stdout)
+    targets = wait("every target up", lambda: (lambda t: t if t and all(x["health"] == "up" for x in t) else None)(
+        get(cluster.prometheus + "/api/v1/targets")["data"]["activeTargets"]), 30)
+    by_job = {}
+    for t in targets:
+        by_job.setdefault(t["labels"]["job"], []).append(t["labels"])
+    assert sorted(by_job) == ["npu_exporter", "prometheus", "vllm"]
+    assert sorted(x["host"] for x in by_job["npu_exporter"]) == ["node01", "node02", "node03", "node04"]
+    # the 4-node DP tier: the leader serves HTTP, its /metrics reports the engines
+    assert [dict((k, x[k]) for k in ("instance", "role", "host", "dp_rank")) for x in by_job["vllm"]] == [
+        {"instance": "main", "role": "leader", "host": "node01", "dp_rank": "0"}]
+    running = query(cluster, 'vllm:num_requests_running{instance="main",role="leader",host="node01",dp_rank="0"}')
+    assert running and all(r["metric"]["job"] == "vllm" for r in running)
+    assert query(cluster, 'vllm:kv_cache_usage_perc{instance="main",host="node01"}')
+    hbm = query(cluster, 'npu_chip_info_hbm_total_memory{host="node03",id="5"}')
+    assert [r["value"][1] for r in hbm] == ["65536"]
+    assert [r["value"][1] for r in query(cluster, 'machine_npu_nums{host="node02"}')] == ["16"]
+    assert [r["value"][1] for r in query(cluster, 'npu_chip_info_link_status{host="node04",id="15"}')] == ["1"]
+
+
+def test_monitor_again_changes_nothing(cluster):
+    out = playbook(cluster, "monitor", "-e", json.dumps(FAST)).stdout
+    for node in ("node01", "node02", "node03", "node04"):
+        assert re.search(r"%s\s+: ok=\d+\s+changed=0 " % node, out), out[-2000:]
+    assert "Prometheus: http://%s:9090" % cluster.ip("node01") in out
+
+
+def test_every_dashboard_panel_runs_and_the_core_panels_have_data(cluster):
+    with open(DASHBOARD) as f:
+        panels = [p for p in json.load(f)["panels"] if p["type"] != "row"]
+    empty = []
+    for p in panels:
+        for t in p["targets"]:
+            expr = t["expr"].replace("$instance", ".*").replace("$host", ".*").replace("$__rate_interval", "30s")
+            result = query(cluster, expr)  # asserts success: no expression errors
+            if not result and p["title"] in CORE_PANELS:
+                empty.append((p["title"], expr))
+    assert not empty, empty
+    assert len(panels) >= 18
+
+
+def exporter_scrape(c, node):
+    t0 = time.time()
+    with urllib.request.urlopen("http://%s:9911/metrics" % c.ip(node), timeout=2) as r:
+        body = r.read().decode()
+    return time.time() - t0, body
+
+
+def test_faults_raise_alerts_with_host_and_device_labels_and_resolve(cluster):
+    sim("fault", "--node", "2", "--fault", "chip_alarm", "--device", "3")
+    sim("fault", "--node", "3", "--fault", "link_down", "--device", "5")
+    sim("fault", "--node", "4", "--fault", "npu_smi_hang")
+    cluster.ssh("node01", "podman kill vllm")
+    t0 = time.time()
+    try:
+        # the exporter answers within 2 s while npu-smi hangs, and reports the failed read
+        def read_failed():
+            took, body = exporter_scrape(cluster, "node04")
+            assert took < 2.0, took
+            # the failed read, and the chips it describes with health -1 (MindCluster's "the read failed")
+            return ('npuops_npu_exporter_read_error{source="npu-smi info"} 1' in body
+                    and re.search(r'npu_chip_info_health_status\{id="0",[^}]*\} -1', body) and body)
+        body = wait("node04's exporter reports the hung npu-smi", read_failed, 30, interval=0.5)
+        assert "npu_chip_info_hbm_used_memory{" not in body
+
+        expected = {("NpuopsNpuChipUnhealthy", "node02", "3"), ("NpuopsNpuLinkDown", "node03", "5"),
+                    ("NpuopsNpuNetUnhealthy", "node03", "5"), ("NpuopsEngineDown", "node01", None),
+                    ("NpuopsNpuReadFailed", "node04", None)}
+
+        def all_fired():
+            seen = set((a["labels"]["alertname"], a["labels"].get("host"), a["labels"].get("id"))
+                       for a in firing(cluster))
+            return expected <= seen and seen
+        seen = wait("the alerts fire", all_fired, 120)
+        took = time.time() - t0
+        assert took < 120, took
+        down = [a for a in firing(cluster) if a["labels"]["alertname"] == "NpuopsEngineDown"][0]["labels"]
+        assert (down["instance"], down["role"], down["dp_rank"]) == ("main", "leader", "0")
+        # a healthy chip / device of the same hosts raises nothing
+        assert ("NpuopsNpuChipUnhealthy", "node02", "2") not in seen
+        assert ("NpuopsNpuLinkDown", "node03", "4") not in seen
+    finally:
+        for node in ("2", "3", "4"):
+            sim("fault", "--node", node, "--fault", "clear")
+        cluster.ssh("node01", "podman start vllm", check=False)
+
+    def resolved():
+        left = [a["labels"]["alertname"] for a in firing(cluster)
+                if a["labels"]["alertname"] in ("NpuopsNpuChipUnhealthy", "NpuopsNpuLinkDown", "NpuopsNpuNetUnhealthy",
+                                                "NpuopsEngineDown", "NpuopsNpuReadFailed", "NpuopsInstanceNotAnswering")]
+        return not left
+    wait("the alerts resolve after clear / recover", resolved, 120)
