@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SYSTEM_PACKAGES=(podman runc openssh-server mmdebstrap iproute2 iputils-ping rsync util-linux)
+SYSTEM_PACKAGES=(podman runc openssh-server mmdebstrap iproute2 iputils-ping rsync util-linux haproxy keepalived)
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 

@@ -269,7 +269,8 @@ def plan_report(containers, plan):
         if inst.get("proxy"):
             proxy = {"host": inst["proxy"]["host"], "container": _shown(containers[inst["proxy"]["host"]]["proxy"])}
         instances[name] = {"hosts": inst["hosts"], "endpoint": inst["endpoint"], "proxy": proxy}
-    return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "instances": instances}
+    return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "instances": instances,
+            "gateway": plan.get("gateway")}
 
 
 def board_dirs(run_id, phases=("settle", "ready")):
