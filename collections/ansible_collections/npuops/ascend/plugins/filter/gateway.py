@@ -43,7 +43,7 @@ def servers(gateway):
     out = []
     for inst in gateway["instances"]:
         be = backend_of(inst) if gateway["mode"] == "tenant" else SERVICE_BACKEND
-        for i, _ in enumerate(gateway["backends"][inst]):
+        for i in range(len(gateway["backends"][inst])):
             out.append((be, server_name(inst, i), inst))
     return out
 

@@ -304,9 +304,9 @@ def gateway_problems(groups, hostvars, nodes, instances):
     if mode == "canary":
         weights = hostvar(hostvars, first, "npuops_gateway_weights")
         if not isinstance(weights, dict) or sorted(weights) != sorted(instances):
+            example = ", ".join("%s: %d" % (n, 90 if i == 0 else 10) for i, n in enumerate(instances))
             problems.append("npuops_gateway_weights = %r: canary mode needs a weight (0-256) for every instance, "
-                            "e.g. {%s}" % (weights, ", ".join("%s: %d" % (n, 90 if i == 0 else 10)
-                                                                for i, n in enumerate(instances))))
+                            "e.g. {%s}" % (weights, example))
         else:
             for name, w in sorted(weights.items()):
                 wp = values.number_problem(first, "npuops_gateway_weights.%s" % name, w, 0, 256)

@@ -304,7 +304,7 @@ def plan_gateway(groups, hostvars, instances):
         else:
             servers = []
             for url in inst["api_urls"]:
-                address, _, p = url[len("http://"):].rpartition(":")
+                address, p = url[len("http://"):].rsplit(":", 1)
                 servers.append({"address": address, "port": int(p)})
         backends[name] = servers
     return {"hosts": gw_hosts, "vip": vip, "port": port,

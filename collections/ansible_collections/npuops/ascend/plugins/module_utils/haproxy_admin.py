@@ -91,6 +91,6 @@ def wait(path, backend, name, until, timeout, interval=0.2, clock=time.monotonic
         if until(info):
             return info, clock() - t0
         if clock() - t0 >= timeout:
-            raise AdminError("%s/%s: still %s with %d session(s) after %ds" % (backend, name, info["status"],
-                                                                              info["scur"], timeout))
+            raise AdminError("%s/%s: still %s with %d session(s) after %ds"
+                             % (backend, name, info["status"], info["scur"], timeout))
         sleep(interval)

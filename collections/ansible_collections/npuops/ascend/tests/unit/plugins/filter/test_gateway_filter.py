@@ -67,7 +67,7 @@ def test_canary_needs_a_weight_per_instance_and_tenant_keys_are_never_named(pres
         "npuops_gateway_tenants: the key of entry 1 (instance a) must be 8 or more characters of "
         "A-Z a-z 0-9 . _ ~ + / = -",
         "npuops_gateway_tenants: entry 2 routes to 'c', which is not an instance (a, b)"]
-    assert not any("secret-key-0001" in p or "short" in p.split("(")[0] for p in problems)
+    assert not any("secret-key-0001" in p or "short" in p.split("(", maxsplit=1)[0] for p in problems)
 
 
 def test_active_standby_config_sends_to_a_and_keeps_b_as_backup():

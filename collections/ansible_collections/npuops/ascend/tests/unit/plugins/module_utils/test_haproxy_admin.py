@@ -36,7 +36,7 @@ class FakeHaproxy:
     def serve(self):
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn = self.sock.accept()[0]
             except OSError:
                 return
             line = conn.makefile().readline().strip()
