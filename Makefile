@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NODES ?= 4
 PROFILE ?= a3
+REPLICAS ?= 1
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONPATH := $(CURDIR)/sim
 
@@ -37,7 +38,8 @@ bench: setup
 	@tools/bench.sh
 
 sim-up: setup
-	@$(PY) -m npuops_sim up --nodes $(NODES) --profile $(PROFILE) --inventory inventories/sim/hosts.yml \
+	@$(PY) -m npuops_sim up --nodes $(NODES) --profile $(PROFILE) --replicas $(REPLICAS) \
+	  --inventory inventories/sim/hosts.yml \
 	  $(foreach f,$(FAULTS),--fault $(f))
 
 sim-down: setup

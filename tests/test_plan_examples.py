@@ -10,6 +10,7 @@ from npuops_sim.testing import BIN, run
     ("a3-2node", 2, "http://192.168.100.11:8000"),
     ("a3-4node", 4, "http://192.168.100.11:8000"),
     ("a3-8p8d", 16, "http://192.168.100.11:8080"),
+    ("a3-8node-ha", 8, "http://192.168.100.250:8000"),
 ])
 def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
     out = tmp_path / "plan.json"
@@ -18,7 +19,10 @@ def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
     plan = json.loads(out.read_text())
     assert len(plan["hosts"]) == hosts and plan["endpoint"] == endpoint
     leaders = [h for h, e in plan["hosts"].items() if e["role"] == "leader"]
-    assert len(leaders) == (2 if inventory == "a3-8p8d" else 1)
+    assert len(leaders) == (2 if inventory in ("a3-8p8d", "a3-8node-ha") else 1)
+    if inventory == "a3-8node-ha":
+        assert plan["instances"]["a"]["endpoint"] == "http://192.168.100.11:8000"
+        assert plan["instances"]["b"]["endpoint"] == "http://192.168.100.15:8000"
 
 
 def test_a_broken_inventory_fails_once_with_every_problem(tmp_path):

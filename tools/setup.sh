@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SYSTEM_PACKAGES=(podman runc openssh-server mmdebstrap iproute2 iputils-ping rsync util-linux prometheus)
+SYSTEM_PACKAGES=(podman runc openssh-server mmdebstrap iproute2 iputils-ping rsync util-linux prometheus haproxy
+                 keepalived)
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 

@@ -1,6 +1,7 @@
 """Command line of the simulated cluster (what `make sim-up|sim-down|sim-fault|sim-status` call).
 
   python -m npuops_sim up --nodes 4 --profile a3 [--fault 2:link_down:7 ...] [--inventory PATH]
+  python -m npuops_sim up --nodes 8 --replicas 2 [--gateways 2] --inventory PATH   (two instances, a gateway pair)
   python -m npuops_sim down
   python -m npuops_sim fault --node 2 --fault link_down --device 7      (FAULT=clear clears the node)
   python -m npuops_sim status
@@ -55,6 +56,11 @@ def main(argv=None):
     up.add_argument("--fault", type=parse_fault, action="append", default=[])
     up.add_argument("--inventory", help="write the Ansible inventory of the nodes here")
     up.add_argument("--tier", help="npuops_tier to write into the inventory (default: from the node count)")
+    up.add_argument("--replicas", type=int, default=int(os.environ.get("SIM_REPLICAS", "1") or 1),
+                    help="instances of the tier in the inventory (NODES / REPLICAS nodes each: instance_a, ...)")
+    up.add_argument("--gateways", type=int, default=None,
+                    help="extra hosts without NPUs in group gateway (HAProxy + keepalived); default 2 with "
+                         "--replicas > 1, else 0")
     up.add_argument("--ping-interval", type=float, default=float(os.environ.get("SIM_PING_INTERVAL", "0") or 0),
                     help="seconds between the packets of hccn_tool -ping (default 0.2; ping's own default is 1)")
     sub.add_parser("down")
@@ -82,7 +88,9 @@ def main(argv=None):
     try:
         if args.cmd == "up":
             specs, timings = c.up(args.nodes, args.profile, faults=args.fault, inventory=args.inventory,
-                                  tier=args.tier, superpod=args.superpod, ping_interval=args.ping_interval or None)
+                                  tier=args.tier, superpod=args.superpod, ping_interval=args.ping_interval or None,
+                                  replicas=args.replicas,
+                                  gateways=args.gateways if args.gateways is not None else (2 if args.replicas > 1 else 0))
             for s in specs:
                 print("  %s  ssh root@%s  fabric %s  netns %s" % (s.name, s.mgmt_ip, s.fabric_ip, s.netns))
             if args.inventory:
@@ -102,7 +110,8 @@ def main(argv=None):
             if state is None:
                 print("no simulated cluster is up")
                 return 0
-            print("cluster %s: %d %s nodes, image %s" % (state["prefix"], state["count"],
+            print("cluster %s: %d %s nodes (+%d gateways), image %s" % (state["prefix"], state["count"],
+                                                         state.get("gateways", 0),
                                                          state["generation"].upper(), state["image"]))
             for name in sorted(state["nodes"]):
                 node = state["nodes"][name]

@@ -129,10 +129,13 @@ class Cluster:
         return os.path.join(self.dir, "nodes", name)
 
     # ----------------------------------------------------------------- up
-    def up(self, count, generation="a3", faults=(), inventory=None, tier=None, superpod=False, ping_interval=None):
+    def up(self, count, generation="a3", faults=(), inventory=None, tier=None, superpod=False, ping_interval=None,
+           gateways=0, replicas=1):
         if os.geteuid() != 0:
             raise SimError("the simulator needs root (network and mount namespaces); run it as root")
-        specs = plan.nodes(count, generation, self.names, self.plan)
+        if replicas < 1 or count % replicas:
+            raise SimError("REPLICAS=%d must divide NODES=%d (every instance has the same tier)" % (replicas, count))
+        specs = plan.nodes(count, generation, self.names, self.plan, gateways=gateways)
         if self.load() is not None or os.path.isdir(self.dir):
             raise SimError("a simulated cluster %r is already up (or half up); run `make sim-down` first"
                            % self.names.prefix)
@@ -144,6 +147,7 @@ class Cluster:
 
         os.makedirs(self.dir)
         state = {"prefix": self.names.prefix, "generation": generation, "count": count, "superpod": superpod,
+                 "gateways": gateways, "replicas": replicas,
                  "plan": {"mgmt": self.plan.mgmt, "fabric": self.plan.fabric}, "image": image_name,
                  "bridges": [], "nodes": {}, "helpers": [], "inventory": inventory, "tier": tier,
                  # podman makes this cgroup parent on first use; remove it at down only if we caused it
@@ -165,7 +169,7 @@ class Cluster:
             for item in faults:
                 self.fault(**item)
             if inventory:
-                self.write_inventory(inventory, specs, generation, tier)
+                self.write_inventory(inventory, specs, generation, tier, replicas)
         except BaseException:
             self.log("sim up failed; tearing down what was created")
             self.down()
@@ -223,7 +227,7 @@ class Cluster:
         ns = spec.netns
         run(["ip", "netns", "add", ns])
         state["nodes"][spec.name] = {"index": spec.index, "netns": ns, "mgmt_ip": spec.mgmt_ip,
-                                     "fabric_ip": spec.fabric_ip, "dir": self.node_dir(spec.name),
+                                     "fabric_ip": spec.fabric_ip, "dir": self.node_dir(spec.name), "gateway": spec.gateway,
                                      "veths": [], "sshd_pid": None, "mntns": None}
         self.save(state)
         node = state["nodes"][spec.name]
@@ -263,6 +267,10 @@ class Cluster:
         write(os.path.join(etc, "hccn.conf"), prof.hccn_conf(healthy))
         write(os.path.join(etc, "ascend_install.info"), prof.ascend_install_info())
         write(os.path.join(etc, "hostname"), spec.name + "\n")
+        if spec.gateway:
+            # a gateway host has no NPUs: no hccn.conf, fake NPU tools or davinci devices (its haproxy and
+            # keepalived are the machine's own, from the OS packages, seen through the /usr overlay)
+            os.unlink(os.path.join(etc, "hccn.conf"))
         hosts = ["127.0.0.1 localhost"] + ["%s %s" % (n.mgmt_ip, n.name) for n in all_specs]
         write(os.path.join(etc, "hosts"), "\n".join(hosts) + "\n")
         write(os.path.join(etc, "containers", "containers.conf"), paths.CONTAINERS_CONF)
@@ -272,19 +280,20 @@ class Cluster:
               % (os.path.join(d, "containers"), paths.image_store()))
         usr = os.path.join(d, "usr.up")
         here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_tools")
-        for src, dst in (("npu_smi.sh", "bin/npu-smi"), ("hccn_tool.sh", "Ascend/driver/tools/hccn_tool"),
-                         ("engine_cli.py", "bin/docker"), ("engine_cli.py", "bin/isula"),
-                         ("engine_cli.py", "bin/podman")):
+        npu_tools = () if spec.gateway else (("npu_smi.sh", "bin/npu-smi"),
+                                             ("hccn_tool.sh", "Ascend/driver/tools/hccn_tool"))
+        for src, dst in npu_tools + (("engine_cli.py", "bin/docker"), ("engine_cli.py", "bin/isula"),
+                                     ("engine_cli.py", "bin/podman")):
             target = os.path.join(usr, dst)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copyfile(os.path.join(here, src), target)
             os.chmod(target, 0o755)
         os.makedirs(os.path.join(usr, "dcmi"), exist_ok=True)
         dev = os.path.join(d, "dev.up")
-        count = plan.DEVICES[generation]
+        count = 0 if spec.gateway else plan.DEVICES[generation]
         for i in range(count):
             os.mknod(os.path.join(dev, "davinci%d" % i), 0o666 | 0o020000, os.makedev(241, i))
-        for i, name in enumerate(("davinci_manager", "devmm_svm", "hisi_hdc")):
+        for i, name in enumerate(() if spec.gateway else ("davinci_manager", "devmm_svm", "hisi_hdc")):
             os.mknod(os.path.join(dev, name), 0o666 | 0o020000, os.makedev(242, i))
         write(os.path.join(d, "boot.sh"), self.boot_script(spec, d), 0o755)
         write(os.path.join(d, "sshd_config"), self.sshd_config(spec, d))
@@ -372,11 +381,14 @@ class Cluster:
             return "(no log)"
 
     # ----------------------------------------------------------------- inventory
-    def write_inventory(self, path, specs, generation, tier=None):
+    def write_inventory(self, path, specs, generation, tier=None, replicas=1):
         docs = tier_documents()
+        npu = [s for s in specs if not s.gateway]
+        gateways = [s for s in specs if s.gateway]
+        size = len(npu) // replicas
         if tier is None:
-            # the tier of this many nodes, when exactly one has that size
-            sized = [name for name, doc in docs.items() if int(doc["nodes"]) == len(specs)]
+            # the tier of this many nodes per instance, when exactly one has that size
+            sized = [name for name, doc in docs.items() if int(doc["nodes"]) == size]
             tier = sized[0] if len(sized) == 1 else None
         doc = docs.get(tier) if tier else None
         ssh = self.ssh_dir()
@@ -395,19 +407,45 @@ class Cluster:
         ]
         if tier:
             lines.append("    npuops_tier: %s" % tier)
-        if doc and doc.get("proxy"):
+        if gateways:
+            lines.append("    npuops_gateway_vip: %s" % self.plan.gateway_vip())
+        instances = [npu[k * size:(k + 1) * size] for k in range(replicas)]
+        if doc and doc.get("proxy") and replicas == 1:
             lines.append("    npuops_proxy_host: %s" % specs[0].name)
-        lines += ["  children:", "    npu_nodes:", "      hosts:"]
-        for s in specs:
-            lines.append("        %s:" % s.name)
-            lines += ["          ansible_host: %s" % s.mgmt_ip, "          npuops_node_ip: %s" % s.mgmt_ip,
-                      "          npuops_nic: %s" % plan.MGMT_NIC, "          npuops_fabric_ip: %s" % s.fabric_ip]
-        taken = 0
+
+        def host_lines(s, indent):
+            return ["%s%s:" % (indent, s.name)] + ["%s  %s" % (indent, x) for x in (
+                "ansible_host: %s" % s.mgmt_ip, "npuops_node_ip: %s" % s.mgmt_ip, "npuops_nic: %s" % plan.MGMT_NIC,
+                "npuops_fabric_ip: %s" % s.fabric_ip)]
+
+        lines += ["  children:", "    npu_nodes:"]
+        if replicas == 1:
+            lines.append("      hosts:")
+            for s in npu:
+                lines += host_lines(s, "        ")
+        else:
+            # one group per instance under npu_nodes; npuops_instance names it (instance_a -> a, ...)
+            lines.append("      children:")
+            for k, members in enumerate(instances):
+                name = chr(ord("a") + k)
+                lines += ["        instance_%s:" % name, "          vars:", "            npuops_instance: %s" % name]
+                if doc and doc.get("proxy"):
+                    lines.append("            npuops_proxy_host: %s" % members[0].name)
+                lines.append("          hosts:")
+                for s in members:
+                    lines += host_lines(s, "            ")
         for group in (doc or {}).get("groups", []):
-            members = specs[taken:taken + int(group["nodes"])]
-            taken += int(group["nodes"])
-            if group.get("inventory_group", "npu_nodes") != "npu_nodes":
-                lines += ["    %s:" % group["inventory_group"], "      hosts:"] + ["        %s:" % s.name for s in members]
+            if group.get("inventory_group", "npu_nodes") == "npu_nodes":
+                continue
+            members = []
+            for inst in instances:
+                taken = sum(int(g["nodes"]) for g in doc["groups"][:doc["groups"].index(group)])
+                members += inst[taken:taken + int(group["nodes"])]
+            lines += ["    %s:" % group["inventory_group"], "      hosts:"] + ["        %s:" % s.name for s in members]
+        if gateways:
+            lines += ["    gateway:", "      hosts:"]
+            for s in gateways:
+                lines += host_lines(s, "        ")
         write(path, "\n".join(lines) + "\n")
         state = self.load()
         state["inventory"] = os.path.abspath(path)
@@ -546,7 +584,8 @@ class Cluster:
             if dev["ip"] not in have:
                 run(["ip", "-n", info["netns"], "addr", "add", "%s/%d" % (dev["ip"], self.plan.fabric_net.prefixlen),
                      "dev", plan.FABRIC_NIC])
-        write(self.root_of(name) + "/etc/hccn.conf", prof.hccn_conf(healthy))
+        if not info.get("gateway"):
+            write(self.root_of(name) + "/etc/hccn.conf", prof.hccn_conf(healthy))
         self.nsenter(name, ["mount", "-o", "remount,size=%s" % SHM_SIZE, "/dev/shm"])
         mine = [h for h in state["helpers"] if h["node"] == name]
         terminate([h["pid"] for h in mine])

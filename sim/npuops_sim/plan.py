@@ -66,6 +66,10 @@ class AddressPlan:
     def fabric_netmask(self):
         return str(self.fabric_net.netmask)
 
+    def gateway_vip(self):
+        # the gateway pair's floating address: outside the node range (.11 - .26), inside the management /24
+        return str(self.mgmt_net.network_address + 250)
+
 
 @dataclass(frozen=True)
 class Names:
@@ -80,6 +84,9 @@ class Names:
 
     def host(self, index):
         return "node%02d" % index
+
+    def gateway_host(self, number):
+        return "gw%02d" % number
 
     def mgmt_bridge(self):
         return "%s-mgmt" % self.prefix
@@ -102,11 +109,15 @@ class NodeSpec:
     mgmt_ip: str
     fabric_ip: str
     devices: list = field(default_factory=list)  # [{phy_id, ip, vnic_ip}]
+    gateway: bool = False  # a gateway host: no NPUs, not in npu_nodes (HAProxy + keepalived run there)
 
 
-def nodes(count, profile, names=Names(), plan=AddressPlan()):
+def nodes(count, profile, names=Names(), plan=AddressPlan(), gateways=0):
+    """The NPU nodes node01..nodeNN, then `gateways` hosts without NPUs (gw01..), numbered after them."""
     if not 1 <= count <= MAX_NODES:
         raise ValueError("NODES must be between 1 and %d, got %d" % (MAX_NODES, count))
+    if not 0 <= gateways <= 2 or count + gateways > MAX_NODES:
+        raise ValueError("GATEWAYS must be 0, 1 or 2, and NODES + GATEWAYS at most %d" % MAX_NODES)
     if profile not in DEVICES:
         raise ValueError("PROFILE must be one of %s, got %r" % (sorted(DEVICES), profile))
     out = []
@@ -114,4 +125,8 @@ def nodes(count, profile, names=Names(), plan=AddressPlan()):
         devs = [{"phy_id": d, "ip": plan.device_ip(i, d), "vnic_ip": plan.vnic_ip(i, d)}
                 for d in range(DEVICES[profile])]
         out.append(NodeSpec(i, names.host(i), names.netns(i), plan.node_ip(i), plan.node_fabric_ip(i), devs))
+    for k in range(1, gateways + 1):
+        i = count + k
+        out.append(NodeSpec(i, names.gateway_host(k), names.netns(i), plan.node_ip(i), plan.node_fabric_ip(i), [],
+                            gateway=True))
     return out

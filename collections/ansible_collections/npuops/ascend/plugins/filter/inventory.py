@@ -209,6 +209,8 @@ def validate(groups, hostvars, presets, booleans=(), numbers=(), tiers=None):
                 problems.append("npuops_proxy_port %d (instance %s) collides with the engine's own ports on %s; "
                                 "pick another" % (proxy["port"], name, proxy["host"]))
 
+    problems.extend(gateway_problems(groups, hostvars, nodes, topology.instances_of(groups, hostvars)))
+
     seen_ip, seen_fabric = {}, {}
     for h in nodes:
         ip = hostvar(hostvars, h, "npuops_node_ip")
@@ -252,6 +254,78 @@ def validate(groups, hostvars, presets, booleans=(), numbers=(), tiers=None):
                 if key not in vllm_cli.FLAGS:
                     problems.append("host %s: npuops_vllm_overrides: unknown vllm serve option %r%s"
                                     % (h, key, vllm_cli.closest(key)))
+    return problems
+
+
+def gateway_problems(groups, hostvars, nodes, instances):
+    """What is wrong with group ``gateway`` and its settings: hosts, floating address, port, mode, weights, tenants."""
+    gw = list(groups.get(topology.GATEWAY_GROUP, []))
+    if not gw:
+        return []
+    problems = []
+    both = [h for h in gw if h in nodes]
+    if both:
+        problems.append("hosts %s are in both gateway and npu_nodes; the gateway runs on hosts of its own"
+                        % ", ".join(both))
+    if len(gw) > 2:
+        problems.append("group gateway has %d hosts (%s); it takes one or two (a pair sharing npuops_gateway_vip)"
+                        % (len(gw), ", ".join(gw)))
+    first = gw[0]
+    node_ips = dict((hostvar(hostvars, h, "npuops_node_ip"), h) for h in nodes)
+    for h in gw:
+        ip = hostvar(hostvars, h, "npuops_node_ip")
+        if ip in node_ips and h not in nodes:
+            problems.append("host %s: npuops_node_ip %s is also the address of %s; every host needs its own"
+                            % (h, ip, node_ips[ip]))
+        node_ips.setdefault(ip, h)
+        if not _ipv4(ip):
+            problems.append("host %s: npuops_node_ip = %r is not an IPv4 address; set it to the gateway host's own "
+                            "address on npuops_nic (VRRP runs between the two)" % (h, ip))
+        nic = hostvar(hostvars, h, "npuops_nic")
+        if not isinstance(nic, str) or not nic.strip() or len(nic) > 15 or " " in nic:
+            problems.append("host %s: npuops_nic = %r must name the interface that carries npuops_gateway_vip" % (h, nic))
+    vip = hostvar(hostvars, first, "npuops_gateway_vip")
+    if not _ipv4(vip):
+        problems.append("npuops_gateway_vip = %r is not an IPv4 address; set it to a free address in the gateway "
+                        "hosts' subnet: the floating address that is the service's endpoint" % (vip,))
+    elif vip in node_ips:
+        problems.append("npuops_gateway_vip %s is the address of host %s; it must be an address no host owns"
+                        % (vip, node_ips[vip]))
+    p = values.number_problem(first, "npuops_gateway_port", hostvar(hostvars, first, "npuops_gateway_port",
+                                                                    topology.GATEWAY_PORT), 1, 65535)
+    if p:
+        problems.append(p)
+    mode = hostvar(hostvars, first, "npuops_gateway_mode", "active_standby")
+    if mode not in topology.GATEWAY_MODES:
+        problems.append("npuops_gateway_mode = %r must be one of %s" % (mode, ", ".join(topology.GATEWAY_MODES)))
+    if len(instances) < 2 and mode in ("active_standby", "canary", "tenant"):
+        problems.append("npuops_gateway_mode %s needs two or more instances (npuops_instance); the inventory has %d"
+                        % (mode, len(instances)))
+    if mode == "canary":
+        weights = hostvar(hostvars, first, "npuops_gateway_weights")
+        if not isinstance(weights, dict) or sorted(weights) != sorted(instances):
+            example = ", ".join("%s: %d" % (n, 90 if i == 0 else 10) for i, n in enumerate(instances))
+            problems.append("npuops_gateway_weights = %r: canary mode needs a weight (0-256) for every instance, "
+                            "e.g. {%s}" % (weights, example))
+        else:
+            for name, w in sorted(weights.items()):
+                wp = values.number_problem(first, "npuops_gateway_weights.%s" % name, w, 0, 256)
+                if wp:
+                    problems.append(wp)
+    if mode == "tenant":
+        tenants = hostvar(hostvars, first, "npuops_gateway_tenants")
+        # the keys are secrets: a problem names the instance and the position, never the key
+        if not isinstance(tenants, dict) or not tenants:
+            problems.append("npuops_gateway_tenants must map each tenant's API key to an instance (from a vault) in "
+                            "tenant mode")
+        else:
+            for pos, (key, inst) in enumerate(sorted(tenants.items(), key=lambda kv: str(kv[1]))):
+                if inst not in instances:
+                    problems.append("npuops_gateway_tenants: entry %d routes to %r, which is not an instance (%s)"
+                                    % (pos + 1, inst, ", ".join(instances)))
+                if not isinstance(key, str) or len(key) < 8 or not re.match(r"^[A-Za-z0-9._~+/=-]+$", key):
+                    problems.append("npuops_gateway_tenants: the key of entry %d (instance %s) must be 8 or more "
+                                    "characters of A-Z a-z 0-9 . _ ~ + / = -" % (pos + 1, inst))
     return problems
 
 

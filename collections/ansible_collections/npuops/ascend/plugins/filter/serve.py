@@ -241,9 +241,12 @@ def serve_restarts(hostvars, plan, key, force=(), active=None):
             if group["key"] in restart and all(results[h].get("started_at") for h in group["hosts"]):
                 serving.add(name)
     restart_hosts = sorted(h for h, e in plan["hosts"].items() if e["group_key"] in restart)
+    # with a gateway in front of two or more instances, serving instances restart one at a time, each drained
+    # at the gateway first: the others take the requests meanwhile
+    rolling = bool(serving) and bool(plan.get("gateway")) and len(plan["instances"]) > 1
     return {"restart": sorted(restart), "restart_hosts": restart_hosts, "lines": lines, "problems": problems,
-            "interrupts": sorted(serving),
-            "interrupts_service": bool(serving) and not (set(plan["instances"]) - serving)}
+            "interrupts": sorted(serving), "rolling": rolling,
+            "interrupts_service": bool(serving) and not rolling and not (set(plan["instances"]) - serving)}
 
 
 SHOWN = ("name", "image", "command", "env", "devices", "mounts", "shm_size", "privileged", "labels")
@@ -269,7 +272,8 @@ def plan_report(containers, plan):
         if inst.get("proxy"):
             proxy = {"host": inst["proxy"]["host"], "container": _shown(containers[inst["proxy"]["host"]]["proxy"])}
         instances[name] = {"hosts": inst["hosts"], "endpoint": inst["endpoint"], "proxy": proxy}
-    return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "instances": instances}
+    return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "instances": instances,
+            "gateway": plan.get("gateway")}
 
 
 def board_dirs(run_id, phases=("settle", "ready")):

@@ -33,6 +33,9 @@ HCCL_HOST_PORTS = 16  # HCCL_IF_BASE_PORT .. +15: one host listen port per devic
 # 16-NPU nodes (vllm-ascend pd_disaggregation_mooncake_multi_node.md, "kv_port")
 MIN_KV_PORT_A3 = 36000
 LAUNCHES = ("multinode", "dp_internal", "dp_external")
+GATEWAY_GROUP = "gateway"
+GATEWAY_MODES = ("active_standby", "active_active", "canary", "tenant")
+GATEWAY_PORT = 8000
 
 
 class PlanError(Exception):
@@ -277,9 +280,37 @@ def plan(groups, hostvars, tier):
             "load_host": serving[0],
         }
     first = instances[next(iter(instances))]
-    return {"tier": tier.get("name"), "hosts": hosts, "instances": instances,
-            "endpoint": first["endpoint"], "health_path": first["health_path"],
+    gateway = plan_gateway(groups, hostvars, instances)
+    return {"tier": tier.get("name"), "hosts": hosts, "instances": instances, "gateway": gateway,
+            "endpoint": gateway["endpoint"] if gateway else first["endpoint"],
+            "health_path": "/health" if gateway else first["health_path"],
             "api_urls": [u for i in instances.values() for u in i["api_urls"]], "load_host": first["load_host"]}
+
+
+def plan_gateway(groups, hostvars, instances):
+    """The gateway in front of the instances (group ``gateway``), or None: its hosts, the floating address
+    (``npuops_gateway_vip``) that is the service's endpoint, the port, the mode, and per instance the servers
+    (every engine that serves HTTP, or the instance's PD proxy)."""
+    gw_hosts = list(groups.get(GATEWAY_GROUP, []))
+    if not gw_hosts:
+        return None
+    first = gw_hosts[0]
+    vip = str(hostvar(hostvars, first, "npuops_gateway_vip"))
+    port = int(hostvar(hostvars, first, "npuops_gateway_port", GATEWAY_PORT))
+    backends = {}
+    for name, inst in instances.items():
+        if inst.get("proxy"):
+            servers = [{"address": inst["proxy"]["address"], "port": inst["proxy"]["port"]}]
+        else:
+            servers = []
+            for url in inst["api_urls"]:
+                address, p = url[len("http://"):].rsplit(":", 1)
+                servers.append({"address": address, "port": int(p)})
+        backends[name] = servers
+    return {"hosts": gw_hosts, "vip": vip, "port": port,
+            "addresses": dict((h, _node_ip(hostvars, h)) for h in gw_hosts),
+            "mode": str(hostvar(hostvars, first, "npuops_gateway_mode", "active_standby")),
+            "endpoint": "http://%s:%d" % (vip, port), "instances": list(instances), "backends": backends}
 
 
 def plan_topology(groups, hostvars, tier):

@@ -1,0 +1,223 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The gateway in front of the instances: HAProxy and keepalived configurations rendered from the plan, and the
+order of a rolling update. Pure functions; the gateway role writes what they return.
+
+HAProxy 2.6 (Debian 12's package), configuration manual sections used: ``option httpchk`` / ``http-check send``
+(a tiny completion as the health check: a wedged engine answers /health but produces no token),
+``default-server inter/fastinter/fall/rise``, ``backup`` and ``option allbackups``, ``balance leastconn``,
+``weight``, ``map()`` converters, ``stats socket ... level admin`` and ``hard-stop-after``. keepalived's
+``vrrp_instance`` / ``vrrp_script`` (keepalived.conf(5)).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+
+from ansible.errors import AnsibleFilterError
+
+ADMIN_SOCKET = "/run/haproxy/admin.sock"
+PID_FILE = "/run/haproxy.pid"
+TENANT_MAP = "/etc/haproxy/npuops-tenants.map"
+STATS_PORT = 8404
+SERVICE_BACKEND = "be_service"
+# A check every second; a server is down after 3 failed checks (300 ms apart once one failed), each bounded by
+# 1.5 s: a dead engine is out within ~1 s (connection refused), a frozen or wedged one within about 1 + 3 x 1.5
+# + 2 x 0.3 = 6.1 s, inside the 10 s failover budget. Back in after 2 good checks.
+CHECK = {"inter": "1s", "fastinter": "300ms", "downinter": "1s", "fall": 3, "rise": 2, "timeout": "1500ms"}
+
+
+def backend_of(instance):
+    return "be_%s" % instance
+
+
+def server_name(instance, index):
+    return "%s-%d" % (instance, index + 1)
+
+
+def servers(gateway):
+    """[(backend, server, instance)] of every server the gateway sends to, in the order the configuration has."""
+    out = []
+    for inst in gateway["instances"]:
+        be = backend_of(inst) if gateway["mode"] == "tenant" else SERVICE_BACKEND
+        for i in range(len(gateway["backends"][inst])):
+            out.append((be, server_name(inst, i), inst))
+    return out
+
+
+def _check_lines(model, api_key):
+    body = json.dumps({"model": model, "prompt": "1", "max_tokens": 1}, separators=(",", ":"))
+    auth = " hdr Authorization \"Bearer %s\"" % api_key if api_key else ""
+    return ["    option httpchk",
+            "    http-check send meth POST uri /v1/completions ver HTTP/1.1 hdr Host npuops-gateway "
+            "hdr Content-Type application/json%s body '%s'" % (auth, body),
+            "    http-check expect status 200",
+            "    timeout check %s" % CHECK["timeout"],
+            "    default-server inter %s fastinter %s downinter %s fall %d rise %d on-marked-down shutdown-sessions"
+            % (CHECK["inter"], CHECK["fastinter"], CHECK["downinter"], CHECK["fall"], CHECK["rise"])]
+
+
+def _server_lines(gateway, instances, backup=(), weights=None):
+    lines = []
+    for inst in instances:
+        for i, s in enumerate(gateway["backends"][inst]):
+            extra = " backup" if inst in backup else ""
+            if weights is not None:
+                extra += " weight %d" % int(weights[inst])
+            lines.append("    server %s %s:%d check%s" % (server_name(inst, i), s["address"], int(s["port"]), extra))
+    return lines
+
+
+def haproxy_config(gateway, model, options=None):
+    """haproxy.cfg for the plan's gateway. `model` is the served model name (the health check's completion asks
+    for it); `options`: weights ({instance: 0-256}, canary), api_key (the engines' key, sent by the checks),
+    tenants (truthy in tenant mode: the keys themselves live in the map file, never here)."""
+    options = options or {}
+    mode = gateway["mode"]
+    insts = list(gateway["instances"])
+    if mode not in ("active_standby", "active_active", "canary", "tenant"):
+        raise AnsibleFilterError("haproxy_config: npuops_gateway_mode %r is not a mode" % (mode,))
+    lines = [
+        "# Written by the npuops.ascend.gateway role from the plan; changes here are overwritten.",
+        "global",
+        "    master-worker",
+        "    pidfile %s" % PID_FILE,
+        # the admin socket: a unix socket, root only; the rolling update drains servers through it
+        "    stats socket %s mode 600 level admin expose-fd listeners" % ADMIN_SOCKET,
+        "    stats timeout 30s",
+        # a reload lets the old worker finish its connections, for at most this long
+        "    hard-stop-after 120s",
+        "",
+        "defaults",
+        "    mode http",
+        # no log lines at all: requests carry API keys in their headers
+        "    timeout connect 2s",
+        "    timeout client 600s",
+        "    timeout server 600s",
+        "    timeout http-request 10s",
+        "    timeout queue 10s",
+        "    retries 2",
+        "    option redispatch 1",
+        "",
+        "frontend stats",
+        "    bind 127.0.0.1:%d" % STATS_PORT,
+        "    stats enable",
+        "    stats uri /stats",
+        "    stats refresh 5s",
+        "",
+        "frontend npuops",
+        "    bind 0.0.0.0:%d" % int(gateway["port"]),
+        "    option forwardfor",
+        # which instance answered (the server's name, <instance>-<n>): for operators and the canary check
+        "    http-response set-header X-Npuops-Server %[srv_name]",
+    ]
+    if mode == "tenant":
+        lines += [
+            "    http-request set-var(txn.npuops_key) req.hdr(Authorization),word(2,' ')",
+            "    acl npuops_known_key var(txn.npuops_key),map(%s) -m found" % TENANT_MAP,
+            "    http-request deny deny_status 401 unless npuops_known_key",
+        ]
+        if options.get("api_key"):
+            lines.append("    http-request set-header Authorization \"Bearer %s\"" % options["api_key"])
+        lines += ["    use_backend %%[var(txn.npuops_key),map(%s)]" % TENANT_MAP, ""]
+        for inst in insts:
+            lines += ["backend %s" % backend_of(inst), "    balance leastconn"]
+            lines += _check_lines(model, options.get("api_key")) + _server_lines(gateway, [inst]) + [""]
+        return "\n".join(lines) + "\n"
+    lines += ["    default_backend %s" % SERVICE_BACKEND, "", "backend %s" % SERVICE_BACKEND]
+    if mode == "active_standby":
+        # the first instance serves; the others only while it is down (or drained)
+        lines += ["    balance leastconn", "    option allbackups"]
+        body = _server_lines(gateway, insts, backup=insts[1:])
+    elif mode == "active_active":
+        lines += ["    balance leastconn"]
+        body = _server_lines(gateway, insts)
+    else:
+        weights = options.get("weights") or {}
+        missing = [i for i in insts if i not in weights]
+        if missing:
+            raise AnsibleFilterError("haproxy_config: canary mode needs npuops_gateway_weights for %s"
+                                     % ", ".join(missing))
+        lines += ["    balance roundrobin"]
+        body = _server_lines(gateway, insts, weights=weights)
+    lines += _check_lines(model, options.get("api_key")) + body
+    return "\n".join(lines) + "\n"
+
+
+def tenant_map(tenants):
+    """The map file of tenant mode: one `<API key> <backend>` line per tenant (file mode 0600)."""
+    return "".join("%s %s\n" % (key, backend_of(inst)) for key, inst in sorted((tenants or {}).items()))
+
+
+def keepalived_config(gateway, host, options=None):
+    """keepalived.conf of one gateway host: VRRP between the gateway hosts (unicast, to the other's address), the
+    floating address on the host's NIC, and a check that HAProxy runs (the address leaves a host whose HAProxy
+    died). The first gateway host has the higher priority."""
+    options = options or {}
+    hosts = gateway["hosts"]
+    if host not in hosts:
+        raise AnsibleFilterError("keepalived_config: %s is not a host of group gateway (%s)" % (host, ", ".join(hosts)))
+    me = gateway["addresses"][host]
+    peers = [gateway["addresses"][h] for h in hosts if h != host]
+    prefix = int(options.get("prefix", 24))
+    nic = options["nic"]
+    lines = [
+        "# Written by the npuops.ascend.gateway role from the plan; changes here are overwritten.",
+        "global_defs {",
+        "    router_id %s" % host,
+        "    script_user root",
+        "    enable_script_security",
+        "}",
+        "vrrp_script npuops_haproxy {",
+        "    script \"%s\"" % options.get("check_script", "/etc/keepalived/npuops_check_haproxy.sh"),
+        "    interval 1",
+        "    timeout 2",
+        "    fall 2",
+        "    rise 2",
+        "}",
+        "vrrp_instance npuops {",
+        "    state BACKUP",
+        "    interface %s" % nic,
+        "    virtual_router_id %d" % int(options.get("vrid", 51)),
+        "    priority %d" % (150 - 50 * hosts.index(host)),
+        "    advert_int 1",
+        "    unicast_src_ip %s" % me,
+        "    unicast_peer {",
+    ] + ["        %s" % p for p in peers] + [
+        "    }",
+        "    virtual_ipaddress {",
+        "        %s/%d dev %s" % (gateway["vip"], prefix, nic),
+        "    }",
+        "    track_script {",
+        "        npuops_haproxy",
+        "    }",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def rollout_order(plan, restart):
+    """The instances a rolling update takes out one at a time, in plan order: those with a group in `restart`
+    (group keys ``<instance>/<group>``); -> [{instance, groups, hosts}]."""
+    out = []
+    for name, inst in plan["instances"].items():
+        keys = [g["key"] for g in inst["groups"].values() if g["key"] in restart]
+        if keys:
+            hosts = [h for g in inst["groups"].values() if g["key"] in keys for h in g["hosts"]]
+            out.append({"instance": name, "groups": keys, "hosts": hosts})
+    return out
+
+
+def gateway_servers_of(gateway, instance):
+    """[{backend, server}] of one instance at the gateway (what a rolling update drains and puts back)."""
+    return [{"backend": be, "server": srv} for be, srv, inst in servers(gateway) if inst == instance]
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"gateway_haproxy_config": haproxy_config, "gateway_tenant_map": tenant_map,
+                "gateway_keepalived_config": keepalived_config, "gateway_rollout_order": rollout_order,
+                "gateway_servers_of": gateway_servers_of}

@@ -1,0 +1,96 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""HAProxy's admin socket (a unix socket, level admin): one command per connection, `show stat` parsed, servers
+set to ready / drain / maint, bounded waits for a drained server to go idle or a returned one to be UP.
+
+HAProxy 2.6 management guide, section 9.3 (Unix Socket commands): ``show stat`` (CSV; ``status`` is UP, DOWN,
+DRAIN, MAINT, ``scur`` the current sessions) and ``set server <backend>/<server> state ready|drain|maint``.
+Stdlib only (runs on the gateway host, Python >= 3.8)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import socket
+import time
+
+STATES = ("ready", "drain", "maint")
+ADMIN_SOCKET = "/run/haproxy/admin.sock"
+
+
+class AdminError(Exception):
+    pass
+
+
+def command(path, line, timeout=5.0):
+    """Send one command, return the whole answer (HAProxy closes the connection after it)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+        s.sendall((line.strip() + "\n").encode())
+        chunks = []
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except (OSError, socket.timeout) as e:
+        raise AdminError("HAProxy admin socket %s: %s (is HAProxy running?)" % (path, e))
+    finally:
+        s.close()
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def parse_stat(text):
+    """`show stat` CSV -> [{field: value}] (the header line starts with '# ')."""
+    lines = [x for x in text.splitlines() if x.strip()]
+    if not lines or not lines[0].startswith("# "):
+        raise AdminError("unexpected answer to show stat: %r" % text[:200])
+    header = lines[0][2:].split(",")
+    return [dict(zip(header, row.split(","))) for row in lines[1:]]
+
+
+def find_server(rows, backend, server):
+    for r in rows:
+        if r.get("pxname") == backend and r.get("svname") == server:
+            return {"status": r.get("status", ""), "scur": int(r.get("scur") or 0), "weight": r.get("weight")}
+    raise AdminError("HAProxy has no server %s/%s; the servers are %s" % (
+        backend, server, ", ".join("%s/%s" % (r["pxname"], r["svname"]) for r in rows
+                                   if r.get("svname") not in ("FRONTEND", "BACKEND"))))
+
+
+def state_of(status):
+    """The admin state a `show stat` status stands for."""
+    s = status.upper()
+    if s.startswith("MAINT"):
+        return "maint"
+    if s.startswith("DRAIN") or "DRAIN" in s:
+        return "drain"
+    return "ready"
+
+
+def server(path, backend, name, timeout=5.0):
+    return find_server(parse_stat(command(path, "show stat", timeout)), backend, name)
+
+
+def set_state(path, backend, name, state, timeout=5.0):
+    if state not in STATES:
+        raise AdminError("state %r is not one of %s" % (state, ", ".join(STATES)))
+    answer = command(path, "set server %s/%s state %s" % (backend, name, state), timeout).strip()
+    if answer:
+        raise AdminError("set server %s/%s state %s: %s" % (backend, name, state, answer))
+
+
+def wait(path, backend, name, until, timeout, interval=0.2, clock=time.monotonic, sleep=time.sleep):
+    """Poll the server until `until(info)` holds; -> (info, seconds). Raises AdminError after `timeout`."""
+    t0 = clock()
+    while True:
+        info = server(path, backend, name)
+        if until(info):
+            return info, clock() - t0
+        if clock() - t0 >= timeout:
+            raise AdminError("%s/%s: still %s with %d session(s) after %ds"
+                             % (backend, name, info["status"], info["scur"], timeout))
+        sleep(interval)

@@ -1,0 +1,147 @@
+# -*- coding: utf-8 -*-
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.npuops.ascend.plugins.filter import gateway as gw
+from ansible_collections.npuops.ascend.plugins.filter import serve, topology
+from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import tier_spec
+from ansible_collections.npuops.ascend.tests.unit.plugins.filter.test_inventory import check, two_instances
+
+
+def with_gateway(mode="active_standby", **extra):
+    groups, hv = two_instances()
+    groups["gateway"] = ["gw01", "gw02"]
+    groups["all"] += ["gw01", "gw02"]
+    for i, g in enumerate(groups["gateway"]):
+        hv[g] = {"npuops_node_ip": "10.0.0.%d" % (40 + i), "npuops_nic": "enp189s0f0"}
+    for h in hv:
+        hv[h].update(npuops_gateway_vip="10.0.0.250", npuops_gateway_mode=mode, **extra)
+    return groups, hv
+
+
+def plan_of(groups, hv):
+    return topology.plan(groups, hv, tier_spec("4node_dp"))
+
+
+def test_two_instances_and_a_gateway_pair_are_a_valid_inventory(presets):
+    groups, hv = with_gateway()
+    assert check(groups, hv, presets) == []
+
+
+def test_the_plan_of_replicas_has_the_floating_address_as_its_endpoint():
+    p = plan_of(*with_gateway())
+    assert p["endpoint"] == "http://10.0.0.250:8000"
+    assert p["instances"]["a"]["leader"] == "node01" and p["instances"]["b"]["leader"] == "node05"
+    assert p["gateway"]["backends"] == {"a": [{"address": "10.0.0.11", "port": 8000}],
+                                        "b": [{"address": "10.0.0.15", "port": 8000}]}
+    assert p["gateway"]["addresses"] == {"gw01": "10.0.0.40", "gw02": "10.0.0.41"}
+
+
+def test_gateway_problems_are_named_each_with_its_fix(presets):
+    groups, hv = with_gateway(mode="round_robin")
+    hv["gw02"]["npuops_node_ip"] = "10.0.0.11"
+    for h in hv:
+        hv[h]["npuops_gateway_vip"] = "10.0.0.40"
+    groups["gateway"].append("node03")
+    problems = check(groups, hv, presets)
+    assert "hosts node03 are in both gateway and npu_nodes; the gateway runs on hosts of its own" in problems
+    assert "group gateway has 3 hosts (gw01, gw02, node03); it takes one or two (a pair sharing npuops_gateway_vip)" \
+        in problems
+    assert "host gw02: npuops_node_ip 10.0.0.11 is also the address of node01; every host needs its own" in problems
+    assert "npuops_gateway_vip 10.0.0.40 is the address of host gw01; it must be an address no host owns" in problems
+    assert "npuops_gateway_mode = 'round_robin' must be one of active_standby, active_active, canary, tenant" \
+        in problems
+
+
+def test_canary_needs_a_weight_per_instance_and_tenant_keys_are_never_named(presets):
+    groups, hv = with_gateway(mode="canary", npuops_gateway_weights={"a": 10})
+    assert check(groups, hv, presets) == [
+        "npuops_gateway_weights = {'a': 10}: canary mode needs a weight (0-256) for every instance, e.g. {a: 90, b: 10}"]
+    groups, hv = with_gateway(mode="tenant", npuops_gateway_tenants={"secret-key-0001": "c", "short": "a"})
+    problems = check(groups, hv, presets)
+    assert problems == [
+        "npuops_gateway_tenants: the key of entry 1 (instance a) must be 8 or more characters of "
+        "A-Z a-z 0-9 . _ ~ + / = -",
+        "npuops_gateway_tenants: entry 2 routes to 'c', which is not an instance (a, b)"]
+    assert not any("secret-key-0001" in p or "short" in p.split("(", maxsplit=1)[0] for p in problems)
+
+
+def test_active_standby_config_sends_to_a_and_keeps_b_as_backup():
+    cfg = gw.haproxy_config(plan_of(*with_gateway())["gateway"], "kimi-k3")
+    assert "    server a-1 10.0.0.11:8000 check\n    server b-1 10.0.0.15:8000 check backup\n" in cfg
+    assert "    option allbackups\n" in cfg
+    # the health check is a one-token completion, bounded: a wedged engine fails it
+    assert ("    http-check send meth POST uri /v1/completions ver HTTP/1.1 hdr Host npuops-gateway "
+            "hdr Content-Type application/json body '{\"model\":\"kimi-k3\",\"prompt\":\"1\",\"max_tokens\":1}'\n") in cfg
+    assert "    timeout check 1500ms\n" in cfg
+    assert "    default-server inter 1s fastinter 300ms downinter 1s fall 3 rise 2 on-marked-down shutdown-sessions\n" \
+        in cfg
+    assert "    bind 127.0.0.1:8404\n" in cfg
+    assert "    stats socket /run/haproxy/admin.sock mode 600 level admin expose-fd listeners\n" in cfg
+    assert "\n    log " not in cfg
+
+
+def test_failover_bound_of_the_health_check_is_within_10s():
+    # first failed check after at most `inter`, then fall-1 more at `fastinter`, each up to the check timeout
+    worst = 1.0 + gw.CHECK["fall"] * 1.5 + (gw.CHECK["fall"] - 1) * 0.3
+    assert worst == pytest.approx(6.1)
+
+
+def test_canary_and_active_active_configs():
+    groups, hv = with_gateway(mode="canary")
+    cfg = gw.haproxy_config(plan_of(groups, hv)["gateway"], "m", {"weights": {"a": 90, "b": 10}})
+    assert "    balance roundrobin\n" in cfg
+    assert "    server a-1 10.0.0.11:8000 check weight 90\n    server b-1 10.0.0.15:8000 check weight 10\n" in cfg
+    with pytest.raises(AnsibleFilterError, match="canary mode needs npuops_gateway_weights for b"):
+        gw.haproxy_config(plan_of(groups, hv)["gateway"], "m", {"weights": {"a": 90}})
+    groups, hv = with_gateway(mode="active_active")
+    cfg = gw.haproxy_config(plan_of(groups, hv)["gateway"], "m")
+    assert "    balance leastconn\n" in cfg and " backup" not in cfg
+
+
+def test_tenant_config_routes_by_key_through_a_map_and_holds_no_key():
+    tenants = {"key-of-tenant-a": "a", "key-of-tenant-b": "b"}
+    g = plan_of(*with_gateway(mode="tenant", npuops_gateway_tenants=tenants))["gateway"]
+    cfg = gw.haproxy_config(g, "m")
+    assert "    http-request deny deny_status 401 unless npuops_known_key\n" in cfg
+    assert "    use_backend %[var(txn.npuops_key),map(/etc/haproxy/npuops-tenants.map)]\n" in cfg
+    assert "backend be_a\n" in cfg and "backend be_b\n" in cfg
+    assert "key-of-tenant" not in cfg
+    assert gw.tenant_map(tenants) == "key-of-tenant-a be_a\nkey-of-tenant-b be_b\n"
+    assert gw.gateway_servers_of(g, "b") == [{"backend": "be_b", "server": "b-1"}]
+
+
+def test_keepalived_config_of_each_gateway_host():
+    g = plan_of(*with_gateway())["gateway"]
+    first = gw.keepalived_config(g, "gw01", {"nic": "eth0"})
+    second = gw.keepalived_config(g, "gw02", {"nic": "eth0", "vrid": 7})
+    assert "    priority 150\n" in first and "    priority 100\n" in second
+    assert "    unicast_src_ip 10.0.0.40\n    unicast_peer {\n        10.0.0.41\n    }\n" in first
+    assert "        10.0.0.250/24 dev eth0\n" in second and "    virtual_router_id 7\n" in second
+    with pytest.raises(AnsibleFilterError, match="node01 is not a host of group gateway"):
+        gw.keepalived_config(g, "node01", {"nic": "eth0"})
+
+
+def test_rollout_order_is_one_instance_at_a_time_in_plan_order():
+    p = plan_of(*with_gateway())
+    assert gw.rollout_order(p, ["b/main", "a/main"]) == [
+        {"instance": "a", "groups": ["a/main"], "hosts": ["node01", "node02", "node03", "node04"]},
+        {"instance": "b", "groups": ["b/main"], "hosts": ["node05", "node06", "node07", "node08"]}]
+    assert gw.rollout_order(p, ["b/main"]) == [
+        {"instance": "b", "groups": ["b/main"], "hosts": ["node05", "node06", "node07", "node08"]}]
+
+
+def test_with_a_gateway_serving_replicas_roll_instead_of_being_refused():
+    p = plan_of(*with_gateway())
+    key = p["instances"]["a"]["groups"]["main"]["key"]
+    hv = dict((h, {"preview": {"action": "recreate", "started_at": "t", "changes": ["image"]}}) for h in p["hosts"])
+    d = serve.serve_restarts(hv, p, "preview")
+    assert d["rolling"] is True and d["interrupts_service"] is False and d["interrupts"] == ["a", "b"]
+    p["gateway"] = None
+    d = serve.serve_restarts(hv, p, "preview")
+    assert d["rolling"] is False and d["interrupts_service"] is True
+    assert key == "a/main"

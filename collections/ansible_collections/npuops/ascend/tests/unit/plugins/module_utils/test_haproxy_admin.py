@@ -1,0 +1,97 @@
+# -*- coding: utf-8 -*-
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import socket
+import tempfile
+import threading
+
+import pytest
+
+from ansible_collections.npuops.ascend.plugins.module_utils import haproxy_admin as ha
+
+STAT = ("# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status,"
+        "weight\n"
+        "npuops,FRONTEND,,,1,2,,9,0,0,0,0,0,,,,,OPEN,\n"
+        "be_service,a-1,0,0,{a_cur},1,,5,0,0,,0,,0,0,0,0,{a_status},1\n"
+        "be_service,b-1,0,0,0,1,,4,0,0,,0,,0,0,0,0,UP,1\n"
+        "be_service,BACKEND,0,0,0,1,,9,0,0,0,0,,0,0,0,0,UP,2\n\n")
+
+
+class FakeHaproxy:
+    """A unix socket answering like HAProxy's admin socket: one command per connection."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp()
+        self.path = os.path.join(self.dir, "admin.sock")
+        self.state = {"a_status": "UP", "a_cur": 2}
+        self.commands = []
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(self.path)
+        self.sock.listen(8)
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn = self.sock.accept()[0]
+            except OSError:
+                return
+            line = conn.makefile().readline().strip()
+            self.commands.append(line)
+            if line == "show stat":
+                answer = STAT.format(**self.state)
+                # in-flight sessions finish one poll at a time
+                self.state["a_cur"] = max(0, self.state["a_cur"] - 1)
+            elif line == "set server be_service/a-1 state drain":
+                self.state["a_status"], answer = "DRAIN", "\n"
+            elif line.startswith("set server be_service/nope"):
+                answer = "No such server.\n"
+            else:
+                answer = "\n"
+            conn.sendall(answer.encode())
+            conn.close()
+
+    def close(self):
+        self.sock.close()
+        os.unlink(self.path)
+        os.rmdir(self.dir)
+
+
+@pytest.fixture(name="fake")
+def fake_fixture():
+    f = FakeHaproxy()
+    yield f
+    f.close()
+
+
+def test_parse_show_stat_and_find_a_server(fake):
+    assert ha.server(fake.path, "be_service", "b-1") == {"status": "UP", "scur": 0, "weight": "1"}
+    with pytest.raises(ha.AdminError, match=r"HAProxy has no server be_service/c-1; the servers are "
+                                            r"be_service/a-1, be_service/b-1"):
+        ha.server(fake.path, "be_service", "c-1")
+
+
+def test_drain_then_wait_until_idle(fake):
+    ha.set_state(fake.path, "be_service", "a-1", "drain")
+    info, _took = ha.wait(fake.path, "be_service", "a-1", lambda i: i["scur"] == 0, timeout=5, interval=0.01)
+    assert info == {"status": "DRAIN", "scur": 0, "weight": "1"}
+    assert fake.commands[0] == "set server be_service/a-1 state drain"
+    assert ha.state_of("DRAIN") == "drain" and ha.state_of("MAINT") == "maint" and ha.state_of("UP 1/3") == "ready"
+
+
+def test_an_error_answer_and_a_bounded_wait_fail_naming_the_server(fake):
+    with pytest.raises(ha.AdminError, match="set server be_service/nope state ready: No such server."):
+        ha.set_state(fake.path, "be_service", "nope", "ready")
+    fake.state["a_cur"] = 10 ** 6
+    ticks = iter(range(100))
+    with pytest.raises(ha.AdminError, match=r"be_service/a-1: still UP with \d+ session\(s\) after 3s"):
+        ha.wait(fake.path, "be_service", "a-1", lambda i: i["scur"] == 0, timeout=3, clock=lambda: next(ticks),
+                sleep=lambda _s: None)
+
+
+def test_no_socket_is_an_admin_error():
+    with pytest.raises(ha.AdminError, match=r"HAProxy admin socket /nonexistent/admin.sock: .*is HAProxy running"):
+        ha.command("/nonexistent/admin.sock", "show stat")

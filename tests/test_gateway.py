@@ -1,0 +1,250 @@
+"""Replicas behind the gateway on an 8-node simulated cluster with a gateway pair (real HAProxy and keepalived from
+the OS packages, on the two gateway nodes): site.yml brings up both instances and the gateway; failover when
+instance a's leader freezes or dies; the floating address moves when the active gateway dies; canary and tenant
+routing; rolling updates under load lose no request. One cluster for the module; the tests run in file order."""
+import json
+import os
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from npuops_sim.testing import BIN, REPO, bring_up, env, playbook, run, sim
+
+pytestmark = pytest.mark.sim
+
+MODEL = "kimi-k3"
+CLIENTS = 4
+OTHER_IMAGE = "localhost/npuops-sim/vllm-ascend:v0.32.0-a3"
+
+
+def runner(c, tmp, playbook, cmdline=""):
+    """A playbook through ansible-runner, as a platform runs it: -> (rc, stdout, stats artifact_data)."""
+    import ansible_runner
+    data = tmp / ("runner-" + playbook)
+    data.mkdir(exist_ok=True)
+    r = ansible_runner.run(private_data_dir=str(data), project_dir=REPO, playbook="playbooks/%s.yml" % playbook,
+                           inventory=c.inventory, quiet=True, timeout=900, cmdline=cmdline,
+                           envvars=dict((k, v) for k, v in env().items() if k in ("ANSIBLE_CONFIG", "PATH",
+                                                                                  "PYTHONPATH")))
+    text = re.sub(r"\x1b\[[0-9;]*m", "", r.stdout.read())
+    stats = [e for e in r.events if e.get("event") == "playbook_on_stats"][0]["event_data"]["artifact_data"]
+    return r.rc, text, stats
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = bring_up(tmp_path_factory, 8, "a3", "--replicas", "2")
+    sim("weights", "--node", "1", "--size", "64M", "--files", "2")
+    # preflight has its own tests; skipping it here keeps this module inside its time budget
+    c.site = runner(c, tmp_path_factory.mktemp("site"), "site", "--skip-tags bench,preflight")
+    c.vip = c.state["nodes"]["gw01"]["mgmt_ip"].rsplit(".", 1)[0] + ".250"
+    c.url = "http://%s:8000" % c.vip
+    yield c
+    sim("down", timeout=300)
+
+
+def complete(url, key=None, timeout=5.0):
+    """One small completion: -> (status, served-by server name or None)."""
+    req = urllib.request.Request(url + "/v1/completions", method="POST", data=json.dumps(
+        {"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode(), headers={"Content-Type": "application/json"})
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+            return r.status, r.headers.get("X-Npuops-Server")
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("X-Npuops-Server")
+    except OSError:
+        return None, None
+
+
+class Load:
+    """CLIENTS threads sending completions to the gateway until the block ends; every request bounded by
+    `timeout` seconds (a request takes about 0.1 s on the simulator)."""
+
+    def __init__(self, url, timeout=5.0):
+        self.url, self.timeout, self.results, self.lock, self.done = url, timeout, [], threading.Lock(), \
+            threading.Event()
+        self.threads = [threading.Thread(target=self.client, daemon=True) for _ in range(CLIENTS)]
+
+    def client(self):
+        while not self.done.is_set():
+            t0 = time.monotonic()
+            status, server = complete(self.url, timeout=self.timeout)
+            with self.lock:
+                self.results.append((t0, time.monotonic(), status, server))
+            # paced (about 20 requests/s per client): the load must not starve the 2 cores the playbooks run on
+            time.sleep(0.1 if status != 200 else 0.05)
+
+    def __enter__(self):
+        self.t0 = time.monotonic()
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        for t in self.threads:
+            t.join(timeout=10)
+        self.t1 = time.monotonic()
+
+    @property
+    def failed(self):
+        return sum(1 for r in self.results if r[2] != 200)
+
+    def gap(self):
+        """The longest time without a successful answer (from the start of the load to its end)."""
+        ends = sorted([self.t0] + [r[1] for r in self.results if r[2] == 200] + [self.t1])
+        return max(b - a for a, b in zip(ends, ends[1:]))
+
+    def servers_after(self, t):
+        return {r[3] for r in self.results if r[2] == 200 and r[0] > t}
+
+
+def vip_holder(c):
+    for gw in ("gw01", "gw02"):
+        out = c.api.nsenter(gw, ["ip", "-4", "-o", "addr", "show"], check=False).stdout
+        if " %s/" % c.vip in out:
+            return gw
+    return None
+
+
+def gateway_mode(c, tmp_path, **extra):
+    """Re-render the gateway alone (one engine host in the play: the plan needs no other)."""
+    f = tmp_path / "gateway-vars.json"
+    f.write_text(json.dumps(extra))
+    os.chmod(f, 0o600)  # tenant keys are secrets: a file, never the command line
+    return playbook(c, "gateway", "-l", "node01", "-e", "@%s" % f, timeout=300)
+
+
+def test_site_brings_up_both_instances_and_the_gateway_pair_and_validates_through_it(cluster):
+    rc, out, stats = cluster.site
+    assert rc == 0, out[-4000:]
+    assert "4node_dp serves kimi-k3 at http://%s:8000" % cluster.vip in out
+    assert stats["npuops"]["validate"]["ok"] is True
+    assert vip_holder(cluster) == "gw01"
+    for node in ("node01", "node05"):
+        assert cluster.ssh(node, "podman inspect -f '{{.State.Running}}' vllm").stdout.strip() == "true"
+    # active_standby: instance a serves
+    assert {complete(cluster.url) for _ in range(6)} == {(200, "a-1")}
+
+
+def test_the_stats_endpoint_is_the_floating_address_with_one_entry_per_instance(cluster):
+    stats = cluster.site[2]["npuops"]
+    assert stats["endpoint"] == "http://%s:8000" % cluster.vip
+    assert sorted(stats["instances"]) == ["a", "b"]
+    assert stats["instances"]["b"] == {"endpoint": "http://%s:8000" % cluster.ip("node05"),
+                                       "hosts": ["node05", "node06", "node07", "node08"]}
+
+
+def test_admin_socket_and_stats_are_local_only(cluster):
+    out = cluster.api.nsenter("gw01", ["ss", "-Hltnx"]).stdout
+    assert re.search(r"127\.0\.0\.1:8404\b", out) and not re.search(r"0\.0\.0\.0:8404\b", out)
+    assert "/run/haproxy/admin.sock" in out
+    mode = cluster.api.nsenter("gw01", ["stat", "-c", "%a", "/run/haproxy/admin.sock"]).stdout.strip()
+    assert mode == "600"
+
+
+def test_a_frozen_leader_of_a_fails_over_to_b_within_10s(cluster):
+    fault = "engine_hang"  # SIGSTOP: nothing answers, connections hang (a wedged engine fails the same check)
+    with Load(cluster.url) as load:
+        time.sleep(2)
+        t_fault = time.monotonic()
+        sim("fault", "--node", "1", "--fault", fault)
+        try:
+            time.sleep(11)
+        finally:
+            sim("fault", "--node", "1", "--fault", "clear")
+        time.sleep(1)
+    print("%s: failed=%d gap=%.1fs" % (fault, load.failed, load.gap()))
+    assert load.gap() <= 10.0, (load.gap(), load.failed)
+    assert "b-1" in load.servers_after(t_fault + 10)
+    deadline = time.monotonic() + 15
+    while complete(cluster.url)[1] != "a-1" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert complete(cluster.url)[1] == "a-1"  # back on a once it answers again
+
+
+def test_the_active_gateway_dies_and_the_address_moves_within_5s(cluster):
+    assert vip_holder(cluster) == "gw01"
+    # requests in flight to the dead gateway never end: 1 s bounds them, so the gap is the address's move
+    with Load(cluster.url, timeout=1.0) as load:
+        time.sleep(2)
+        sim("fault", "--node", "gw01", "--fault", "node_down")
+        try:
+            t0 = time.monotonic()
+            while vip_holder(cluster) != "gw02" and time.monotonic() - t0 < 10:
+                time.sleep(0.1)
+            moved = time.monotonic() - t0
+            time.sleep(4)
+        finally:
+            sim("fault", "--node", "gw01", "--fault", "clear")
+    print("gateway: moved in %.1fs, failed=%d gap=%.1fs" % (moved, load.failed, load.gap()))
+    assert moved <= 5.0 and load.gap() <= 5.0, (moved, load.gap())
+    deadline = time.monotonic() + 15
+    while vip_holder(cluster) != "gw01" and time.monotonic() < deadline:  # the higher priority takes it back
+        time.sleep(0.2)
+    assert complete(cluster.url)[0] == 200
+
+
+def test_a_killed_leader_of_a_fails_over_to_b_and_rollouts_lose_no_request(cluster):
+    # a's leader dies: b serves within 10 s
+    with Load(cluster.url) as load:
+        time.sleep(2)
+        t_kill = time.monotonic()
+        cluster.ssh("node01", "podman kill vllm")
+        time.sleep(8)
+    print("kill: failed=%d gap=%.1fs" % (load.failed, load.gap()))
+    assert load.gap() <= 10.0 and "b-1" in load.servers_after(t_kill + 5), load.gap()
+    # the image tag, then one vLLM flag, rolled out under load: a (down) first, then b; no request fails
+    for extra in ({"npuops_image": OTHER_IMAGE},
+                  {"npuops_image": OTHER_IMAGE, "npuops_vllm_overrides": {"max_num_seqs": 8}}):
+        with Load(cluster.url) as load:
+            # the simulated engines start in seconds: 3 s of settling is plenty here (the default is 10)
+            proc = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "-e", json.dumps(
+                dict(extra, npuops_serve_settle_seconds=3)), "playbooks/rollout.yml"], timeout=600)
+        print("rollout %s: requests=%d failed=%d" % (sorted(extra), len(load.results), load.failed))
+        assert load.failed == 0, [r for r in load.results if r[2] != 200][:5]
+        assert "the in-flight requests finish - instance a" in proc.stdout
+        assert "the in-flight requests finish - instance b" in proc.stdout
+        for node in ("node01", "node05"):
+            image = cluster.ssh(node, "podman inspect -f '{{.Config.Image}}' vllm").stdout.strip()
+            assert image == OTHER_IMAGE
+        argv = json.loads(cluster.ssh("node05", "podman inspect -f '{{json .Config.Cmd}}' vllm").stdout)
+        seqs = argv[argv.index("--max-num-seqs") + 1] if "--max-num-seqs" in argv else None
+        assert (seqs == "8") == ("npuops_vllm_overrides" in extra), argv
+    stat = cluster.api.nsenter("gw01", ["python3", "-c", "import socket;s=socket.socket(socket.AF_UNIX);"
+                                        "s.connect('/run/haproxy/admin.sock');s.sendall(b'show stat\\n');"
+                                        "import sys;sys.stdout.write(s.makefile().read())"]).stdout
+    rows = [r.split(",") for r in stat.splitlines() if r.startswith("be_service,")]
+    assert {(r[1], r[17]) for r in rows if r[1] != "BACKEND"} == {("a-1", "UP"), ("b-1", "UP")}
+
+
+def test_canary_weights_split_within_a_binomial_bound(cluster, tmp_path):
+    gateway_mode(cluster, tmp_path, npuops_gateway_mode="canary", npuops_gateway_weights={"a": 10, "b": 90})
+    time.sleep(3)  # both servers through their first health checks (rise 2 x 1 s)
+    served = [complete(cluster.url)[1] for _ in range(200)]
+    a = served.count("a-1")
+    # n=200, p=0.1: mean 20, sd 4.24; 4.5 sd either side
+    assert served.count(None) == 0 and a + served.count("b-1") == 200
+    assert 1 <= a <= 39, a
+
+
+def test_tenant_mode_routes_each_key_to_its_instance_and_refuses_unknown_keys(cluster, tmp_path):
+    keys = {"tenant-a-0123456789": "a", "tenant-b-9876543210": "b"}
+    gateway_mode(cluster, tmp_path, npuops_gateway_mode="tenant", npuops_gateway_tenants=keys)
+    time.sleep(3)
+    for key, inst in keys.items():
+        assert {complete(cluster.url, key) for _ in range(5)} == {(200, "%s-1" % inst)}
+    assert complete(cluster.url, "tenant-x-unknown000")[0] == 401
+    assert complete(cluster.url)[0] == 401
+    # the keys are in a root-only map file, and in no log of the gateway hosts
+    for gw in ("gw01", "gw02"):
+        assert cluster.api.nsenter(gw, ["stat", "-c", "%a", "/etc/haproxy/npuops-tenants.map"]).stdout.strip() == "600"
+        logs = cluster.api.nsenter(gw, ["sh", "-c", "cat /var/log/haproxy.log 2>/dev/null; true"]).stdout
+        assert "tenant-a-0123456789" not in logs
