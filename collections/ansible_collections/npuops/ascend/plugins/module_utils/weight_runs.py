@@ -33,18 +33,13 @@ def _cmdline(pid):
         return None
 
 
-def _stat_field(pid, index):
-    """Field `index` (counted after the command name) of /proc/PID/stat as an int, or None."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[index])
-    except (IOError, OSError, ValueError, IndexError):
-        return None
-
-
 def _start_ticks(pid):
     """The process's start time in clock ticks since boot: with the PID it names one process for good."""
-    return _stat_field(pid, 19)
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (IOError, OSError, ValueError, IndexError):
+        return None
 
 
 def servers():
@@ -65,7 +60,11 @@ def servers():
 
 
 def _parent(pid):
-    return _stat_field(pid, 1)
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (IOError, OSError, ValueError, IndexError):
+        return None
 
 
 def _async_supervisors(pid):
