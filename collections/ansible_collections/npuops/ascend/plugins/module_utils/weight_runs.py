@@ -21,8 +21,6 @@ import time
 from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import SCRIPT_NAME
 
 JOB_PREFIX = "weight_sync-"
-# how Ansible names the async wrapper it runs a `poll: 0` task under (AnsiballZ_async_wrapper.py)
-ASYNC_WRAPPER = ("AnsiballZ_async_wrapper", "async_wrapper")
 
 
 def _cmdline(pid):
@@ -33,18 +31,13 @@ def _cmdline(pid):
         return None
 
 
-def _stat_field(pid, index):
-    """Field `index` (counted after the command name) of /proc/PID/stat as an int, or None."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[index])
-    except (IOError, OSError, ValueError, IndexError):
-        return None
-
-
 def _start_ticks(pid):
     """The process's start time in clock ticks since boot: with the PID it names one process for good."""
-    return _stat_field(pid, 19)
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (IOError, OSError, ValueError, IndexError):
+        return None
 
 
 def servers():
@@ -64,25 +57,6 @@ def servers():
     return found
 
 
-def _parent(pid):
-    return _stat_field(pid, 1)
-
-
-def _async_supervisors(pid):
-    """The async_wrapper processes above `pid` ([{pid, start_ticks}]): Ansible's async_wrapper runs a module
-    under a fork of itself and a watchdog that polls it every 5 s (ansible/modules/async_wrapper.py), so when
-    the module is ended they would linger for seconds; a stop ends them with it."""
-    found = []
-    parent = _parent(pid)
-    for _level in range(4):
-        argv = _cmdline(parent) if parent and parent > 1 else None
-        if not argv or not any(os.path.basename(a).startswith(ASYNC_WRAPPER) for a in argv[:2]):
-            break
-        found.append({"pid": parent, "start_ticks": _start_ticks(parent)})
-        parent = _parent(parent)
-    return found
-
-
 def record_job(run_dir, run_id, dest):
     """Note that this process is a copy job of `run_id`; -> the record's path (remove it with forget_job)."""
     if not os.path.isdir(run_dir):
@@ -92,7 +66,7 @@ def record_job(run_dir, run_id, dest):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"pid": pid, "start_ticks": _start_ticks(pid), "run_id": run_id, "dest": dest,
-                   "started": time.time(), "supervisors": _async_supervisors(pid)}, f)
+                   "started": time.time()}, f)
     os.rename(tmp, path)
     return path
 
@@ -126,10 +100,8 @@ def jobs(run_dir):
         if _start_ticks(pid) is None or _start_ticks(pid) != rec.get("start_ticks"):
             forget_job(path)
             continue
-        supervisors = [int(p["pid"]) for p in rec.get("supervisors") or []
-                       if isinstance(p, dict) and _start_ticks(int(p["pid"])) == p.get("start_ticks")]
         found.append({"kind": "copy", "pid": pid, "run_id": rec.get("run_id"), "dest": rec.get("dest"),
-                      "record": path, "supervisors": supervisors})
+                      "record": path})
     return found
 
 
@@ -185,7 +157,6 @@ def stop(run_dir, run_id=None, except_run_id=None, check_only=False):
     if check_only or not chosen:
         return chosen
     terminate([p["pid"] for p in chosen if p["kind"] == "copy"])
-    terminate([s for p in chosen if p["kind"] == "copy" for s in p.get("supervisors", [])])
     terminate([p["pid"] for p in chosen if p["kind"] == "server"])
     for p in chosen:
         if p.get("record"):

@@ -82,8 +82,7 @@ def main():
     p = module.params
     stopped = weight_runs.stop(p["run_dir"], run_id=p["run_id"], except_run_id=p["except_run_id"],
                                check_only=module.check_mode)
-    internal = ("record", "supervisors")
-    module.exit_json(changed=bool(stopped), stopped=[dict((k, v) for k, v in s.items() if k not in internal)
+    module.exit_json(changed=bool(stopped), stopped=[dict((k, v) for k, v in s.items() if k != "record")
                                                      for s in stopped])
 
 

@@ -82,29 +82,3 @@ def test_a_frozen_server_is_ended_too(procs, tmp_path):
     weight_runs.stop(str(tmp_path / "run"), run_id="run-a")
     procs[0].wait(10)
     assert time.time() - t0 < 4  # SIGTERM acts once SIGCONT lets it run, no SIGKILL grace needed
-
-
-def test_a_copy_run_under_ansible_async_is_ended_with_its_watchdog(tmp_path):
-    """A `poll: 0` task runs under async_wrapper, whose watchdog polls its module every 5 s: ending the copy
-    must end the watchdog too, or a stopped run still shows (and holds) a process for seconds."""
-    job_code = ("import sys, time\nsys.path[:0] = %r\nfrom ansible_collections.npuops.ascend.plugins.module_utils "
-                "import weight_runs\nweight_runs.record_job(sys.argv[1], 'run-w', '/srv/m')\nprint('ok', "
-                "flush=True)\ntime.sleep(120)\n" % (sys.path,))
-    watchdog = str(tmp_path / "AnsiballZ_async_wrapper.py")
-    with open(watchdog, "w") as f:  # as async_wrapper's watcher does: poll the module, sleep 5 s
-        f.write("import subprocess, sys, time\n"
-                "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], stdout=sys.stdout)\n"
-                "while child.poll() is None:\n    time.sleep(5)\n")
-    run_dir = str(tmp_path / "run")
-    sup = subprocess.Popen([sys.executable, watchdog, job_code, run_dir], stdout=subprocess.PIPE)
-    try:
-        assert sup.stdout.readline().strip() == b"ok"
-        [job] = weight_runs.jobs(run_dir)
-        assert job["supervisors"] == [sup.pid]
-        weight_runs.stop(run_dir, run_id="run-w")
-        sup.wait(1.5)  # at once, not after the watchdog's next 5 s poll
-        assert weight_runs.jobs(run_dir) == []
-    finally:
-        if sup.poll() is None:
-            sup.kill()
-            sup.wait()
