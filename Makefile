@@ -32,7 +32,7 @@ sim-tests: setup
 	@tools/test.sh sim
 
 molecule: setup
-	@tools/test.sh molecule
+	@MOLECULE_SCENARIOS=$${MOLECULE_SCENARIOS:-all} tools/test.sh molecule
 
 bench: setup
 	@tools/bench.sh
