@@ -11,6 +11,7 @@ import time
 import pytest
 
 from ansible_collections.npuops.ascend.plugins.module_utils import hccn, host
+from ansible_collections.npuops.ascend.tests.unit.plugins.module_utils.net_helpers import free_port
 
 
 def test_nic_that_owns_the_ip_passes():
@@ -86,14 +87,6 @@ def test_hccn_conf(tmp_path):
     assert addrs == {0: "10.0.0.1", 1: "10.0.0.1"}
     assert [p["observed"] for p in problems] == [
         "%s has no address for devices [2]" % conf, "devices 0 and 1 both have 10.0.0.1"]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_listener_answers_reach_checks_then_goes_away():

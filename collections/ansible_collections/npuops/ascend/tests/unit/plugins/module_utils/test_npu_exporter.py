@@ -4,12 +4,12 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
-import socket
 import sys
 import threading
 import time
 
 from ansible_collections.npuops.ascend.plugins.module_utils import npu_exporter, proc
+from ansible_collections.npuops.ascend.tests.unit.plugins.module_utils.net_helpers import free_port
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "npu_smi")
 
@@ -154,14 +154,6 @@ def test_command_line_is_the_same_for_process_and_unit():
     assert argv == ["/usr/bin/python3", "/opt/npuops/npu-exporter/npuops-npu-exporter", "--address", "10.0.0.11",
                     "--port", "9911", "--npu-smi", "npu-smi", "--hccn-tool", "/usr/local/Ascend/driver/tools/hccn_tool",
                     "--timeout", "5", "--interval", "10", "--probe", "proxy_main=http://10.0.0.11:8080/healthcheck"]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_a_hanging_npu_smi_is_killed_after_the_timeout_and_scrapes_answer_meanwhile(tmp_path):
