@@ -110,9 +110,8 @@ def main(argv=None):
             if state is None:
                 print("no simulated cluster is up")
                 return 0
-            print("cluster %s: %d %s nodes (+%d gateways), image %s" % (state["prefix"], state["count"],
-                                                         state.get("gateways", 0),
-                                                         state["generation"].upper(), state["image"]))
+            print("cluster %s: %d %s nodes (+%d gateways), image %s" % (
+                state["prefix"], state["count"], state["generation"].upper(), state.get("gateways", 0), state["image"]))
             for name in sorted(state["nodes"]):
                 node = state["nodes"][name]
                 alive = cluster.pid_alive(node["sshd_pid"]) if node.get("sshd_pid") else False

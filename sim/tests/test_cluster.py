@@ -129,6 +129,7 @@ def test_fabric_cut_between_two_nodes_breaks_only_that_pair(cluster4):
 
 def test_status_lists_the_nodes(cluster4):
     out = sim("status").stdout
+    assert out.startswith("cluster %s: 4 A3 nodes (+0 gateways), image " % TEST_ENV["SIM_ID"]), out
     assert out.count(" up faults=") == 4
 
 
