@@ -145,19 +145,9 @@ def test_a_killed_copy_resumes_and_resends_less_than_one_file(cluster):
                 break
             time.sleep(0.2)
         # kill the copy on node02: the module process inside that node, by its PID
-        mntns = cluster.state["nodes"][victim]["mntns"]
-        killed = []
-        for pid in os.listdir("/proc"):
-            if pid.isdigit():
-                try:
-                    if os.stat("/proc/%s/ns/mnt" % pid).st_ino != mntns:
-                        continue
-                    cmd = open("/proc/%s/cmdline" % pid, "rb").read()
-                except OSError:
-                    continue
-                if b"weight_sync" in cmd:
-                    os.kill(int(pid), signal.SIGKILL)
-                    killed.append(int(pid))
+        killed = node_pids(cluster, victim, b"weight_sync")
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
         assert killed, "no weight_sync process found on node02"
         time.sleep(0.5)
         on_disk = received(root)
