@@ -40,12 +40,24 @@ def _start_ticks(pid):
         return None
 
 
+def _net_ns(pid="self"):
+    try:
+        return os.readlink("/proc/%s/ns/net" % pid)
+    except (IOError, OSError):
+        return None
+
+
 def servers():
     """[{pid, run_id, root, port}] of the weight servers running on this node (found by their command line,
-    whoever started them: also servers of older versions, whose run_id is None)."""
+    whoever started them: also servers of older versions, whose run_id is None).
+
+    Only processes in this process's network namespace count: a server elsewhere (in a container, or another
+    node of the simulator, whose nodes share one process table) serves other addresses and is not ours to end.
+    """
     found = []
+    mine = _net_ns()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or _net_ns(entry) != mine:
             continue
         argv = _cmdline(int(entry))
         if not argv or len(argv) < 3 or not argv[1].endswith(SCRIPT_NAME) or argv[2] != "serve":

@@ -82,3 +82,24 @@ def test_a_frozen_server_is_ended_too(procs, tmp_path):
     weight_runs.stop(str(tmp_path / "run"), run_id="run-a")
     procs[0].wait(10)
     assert time.time() - t0 < 4  # SIGTERM acts once SIGCONT lets it run, no SIGKILL grace needed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a second network namespace needs root")
+def test_a_server_in_another_network_namespace_is_not_this_nodes(procs, tmp_path):
+    """On the simulator every node (and a second cluster) shares this process table; on a host a container's
+    processes do. A run that ends earlier runs' servers must end only its own node's."""
+    script = str(tmp_path / "npuops_weight_server.py")
+    other = subprocess.Popen(["unshare", "--net", "--", sys.executable, script, "serve", "--root", "/srv/m",
+                              "--port", "18090", "--run-id", "run-elsewhere"])
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and weight_runs._net_ns(other.pid) == weight_runs._net_ns():
+            time.sleep(0.05)  # until unshare has exec'd into the new namespace
+        assert weight_runs._net_ns(other.pid) not in (None, weight_runs._net_ns())
+        assert other.pid not in [s["pid"] for s in weight_runs.servers()]
+        stopped = weight_runs.stop(str(tmp_path / "run"), except_run_id="run-b")
+        assert other.pid not in [p["pid"] for p in stopped] and alive(other)
+        assert not alive(procs[0])  # the run-a server of this namespace was ended, as before
+    finally:
+        other.kill()
+        other.wait()
