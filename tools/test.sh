@@ -5,7 +5,8 @@
 #           proxy with the openai SDK on loopback (no root, no network)
 #   sanity  ansible-test sanity + units from the collection directory (offline get-pip stand-in)
 #   sim     pytest -m sim: the simulated cluster, and the playbooks on it (root: namespaces, sshd, podman)
-#   molecule  the molecule scenarios on the simulated cluster (CI: the 16-node PD one; MOLECULE_SCENARIOS=all: every one)
+#   molecule  the molecule scenarios on the simulated cluster (CI: the 16-node PD one; MOLECULE_SCENARIOS=all: every one);
+#           with sim also asked for, run by the first sim stream once its tests are done
 #   vllm_args the example inventories' vllm serve command lines, checked by the own parser of every vLLM version
 #             of data/images.yml; vLLM's own bench request functions against the simulated engine (pytest -m vllm)
 #   collection  the collection built into its tarball, installed into an empty path, planning an example
@@ -67,6 +68,10 @@ run_logged() {
 }
 
 sim() {
+  # with the molecule stage also asked for, the first stream runs it after its tests (it has its own cluster id
+  # and address ranges) while the second stream is still running
+  local then_molecule=false
+  [[ " ${stages[*]} " != *" molecule "* ]] || then_molecule=true
   if [ "$(id -u)" != 0 ]; then
     echo "the simulated-cluster tests need root (network and mount namespaces)" >&2
     return 1
@@ -88,6 +93,10 @@ sim() {
     SIM_ROOT=$root pytest -q -m sim -p no:cacheprovider --basetemp=/tmp/npuops-ci2-pytest --durations=15 "${second[@]}" >"$log" 2>&1 &
   local pid=$! rc=0 rc2=0
   pytest -q -m sim -p no:cacheprovider --durations=15 "${first[@]}" || rc=$?
+  if [ "$rc" = 0 ] && $then_molecule; then
+    timed molecule molecule || rc=$?
+    molecule_done=true
+  fi
   wait "$pid" || rc2=$?
   echo "--- second stream (${second[*]}):"
   cat "$log"
@@ -120,6 +129,10 @@ PY
 }
 
 vllm_args() {
+  if [ -n "${vllm_prepare_pid:-}" ]; then
+    wait "$vllm_prepare_pid" || { cat "$PWD/.logs/vllm-prepare.log"; echo "building .venv-vllm failed" >&2; return 1; }
+    vllm_prepare_pid=
+  fi
   tools/vllm_argcheck.sh
 }
 
@@ -142,7 +155,19 @@ molecule() {
   done
 }
 
+# .venv-vllm is mostly downloads and unpacking: built in the background from the start when other stages come
+# before vllm_args (CI time)
+vllm_prepare_pid=
+molecule_done=false
+if [[ " ${stages[*]} " == *" vllm_args "* ]] && [ "${stages[0]}" != vllm_args ]; then
+  mkdir -p "$PWD/.logs"
+  # its own process group, so that a failing stage before vllm_args ends the build (pip and all) with the script
+  setsid tools/vllm_argcheck.sh --prepare >"$PWD/.logs/vllm-prepare.log" 2>&1 &
+  vllm_prepare_pid=$!
+  trap '[ -z "$vllm_prepare_pid" ] || kill -TERM -- "-$vllm_prepare_pid" 2>/dev/null || true' EXIT
+fi
 for stage in "${stages[@]}"; do
+  [ "$stage" != molecule ] || ! $molecule_done || continue
   timed "$stage" "$stage"
 done
 echo "make test: all stages passed (${stages[*]})"

@@ -3,7 +3,7 @@
 # vLLM version of the image table (data/images.yml), and the table checked against each version's registries.
 # One venv (.venv-vllm, built once: torch from this machine's local wheel and what the parsers import), and each
 # vLLM version installed beside it with --no-deps under .venv-vllm/versions/<version> (cached by a stamp), put on
-# PYTHONPATH one at a time. Then the conformance tests that drive the simulator with vLLM's own bench request
+# PYTHONPATH one at a time (`--prepare`: only that). Then the conformance tests that drive the simulator with vLLM's own bench request
 # functions (pytest -m vllm) run with the same venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,7 @@ for v in "${versions[@]}"; do
     touch "$VENV/versions/$v/.npuops-installed"
   fi
 done
+[ "${1:-}" != --prepare ] || exit 0  # make test builds the venvs in the background while lint, unit and sanity run
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for inv in a3-2node a3-4node a3-8p8d; do
