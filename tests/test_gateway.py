@@ -1,7 +1,8 @@
 """Replicas behind the gateway on an 8-node simulated cluster with a gateway pair (real HAProxy and keepalived from
 the OS packages, on the two gateway nodes): site.yml brings up both instances and the gateway; failover when
-instance a's leader freezes or dies; the floating address moves when the active gateway dies; canary and tenant
-routing; rolling updates under load lose no request. One cluster for the module; the tests run in file order."""
+instance a's leader freezes or dies; status names the down instance and recover brings back only it; the floating
+address moves when the active gateway dies; canary and tenant routing; rolling updates under load lose no request.
+One cluster for the module; the tests run in file order."""
 import json
 import os
 import re
@@ -168,6 +169,32 @@ def test_a_frozen_leader_of_a_fails_over_to_b_within_10s(cluster):
     while complete(cluster.url)[1] != "a-1" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert complete(cluster.url)[1] == "a-1"  # back on a once it answers again
+
+
+def started_at(c, node):
+    return c.ssh(node, "podman inspect -f '{{.State.StartedAt}}' vllm").stdout.strip()
+
+
+def test_status_names_the_down_instance_and_recover_brings_back_only_it(cluster, tmp_path):
+    b_started = {n: started_at(cluster, n) for n in ("node05", "node06", "node07", "node08")}
+    cluster.ssh("node01", "podman kill vllm")  # a's leader: its headless workers exit with it
+    rc, out, stats = runner(cluster, tmp_path, "status")
+    status = stats["npuops_status"]
+    assert rc != 0 and status["healthy"] is False, out[-3000:]
+    assert status["instances"]["a"]["state"] in ("down", "degraded"), status["instances"]["a"]
+    assert "node01" in status["instances"]["a"]["reason"], status["instances"]["a"]
+    assert status["instances"]["b"]["state"] == "healthy", status["instances"]["b"]
+    assert complete(cluster.url)[1] == "b-1"  # meanwhile the gateway serves from b
+
+    rc, out, _stats = runner(cluster, tmp_path, "recover")
+    assert rc == 0 and re.search(r"Recovered a/\S+ in [\d.]+s; the service is healthy", out), out[-3000:]
+    assert {n: started_at(cluster, n) for n in b_started} == b_started  # b was not touched
+    rc, out, stats = runner(cluster, tmp_path, "status")
+    assert rc == 0 and stats["npuops_status"]["healthy"] is True, out[-3000:]
+    deadline = time.monotonic() + 15
+    while complete(cluster.url)[1] != "a-1" and time.monotonic() < deadline:  # a back in rotation (rise 2 x 1 s)
+        time.sleep(0.5)
+    assert complete(cluster.url)[1] == "a-1"
 
 
 def test_the_active_gateway_dies_and_the_address_moves_within_5s(cluster):

@@ -80,8 +80,9 @@ sim() {
   pytest -q -m sim -p no:cacheprovider --durations=10 sim/tests
   # Then the playbook tests in two streams side by side (2 cores; most of a test is waiting on SSH and the
   # engines): the second has its own cluster id, address ranges and state root, as a second checkout would.
+  # (balanced so that the first stream's tests plus the molecule stage take about as long as the second)
   local second=(tests/test_gateway.py tests/test_weights_playbook.py tests/test_monitor_playbook.py
-                tests/test_preflight_playbook.py)
+                tests/test_preflight_playbook.py tests/test_validate_playbook.py)
   local first=() module
   for module in tests/test_*.py; do
     [[ " ${second[*]} " == *" $module "* ]] || first+=("$module")
