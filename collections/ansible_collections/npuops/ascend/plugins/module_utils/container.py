@@ -171,6 +171,20 @@ def _show(value):
 
 # ------------------------------------------------------------------------------------------ the engine CLI
 
+def present_mounts(mounts, optional, exists=os.path.exists):
+    """The bind mounts `src:dst[:opts]` to use, and the sources left out: a source listed in `optional` is
+    mounted only where it exists on this node (a missing bind source fails the container's start)."""
+    optional = set(optional or ())
+    kept, missing = [], []
+    for m in mounts:
+        src = m.split(":", 1)[0]
+        if src in optional and not exists(src):
+            missing.append(src)
+        else:
+            kept.append(m)
+    return kept, missing
+
+
 def mount_arg(m):
     if isinstance(m, dict):
         return "%s:%s%s" % (m["src"], m.get("dst", m["src"]), ":ro" if m.get("readonly", True) else "")

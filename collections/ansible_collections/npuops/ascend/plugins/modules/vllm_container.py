@@ -75,6 +75,14 @@ options:
     type: list
     elements: str
     default: []
+  optional_mounts:
+    description:
+      - Host paths of O(mounts) that are mounted only where they exist on the node (for example
+        C(/etc/hccn.conf)); the others are always mounted. The ones left out are in RV(missing_optional_mounts)
+        and are not part of the spec, so the check and the start see the same mounts.
+    type: list
+    elements: str
+    default: []
   shm_size:
     description: Size of C(/dev/shm) in the container, e.g. V(16g).
     type: str
@@ -208,6 +216,12 @@ started_at:
   description: When the container started (unchanged when nothing was done).
   returned: when it is running after the task
   type: str
+missing_optional_mounts:
+  description: The O(optional_mounts) that do not exist on the node, so were not mounted.
+  returned: always
+  type: list
+  elements: str
+  sample: [/etc/hccn.conf]
 ready_after:
   description: Seconds waited for readiness.
   returned: when O(wait_ready) is set
@@ -231,6 +245,7 @@ def main():
             secret_env=dict(type="dict", default={}, no_log=True),
             devices=dict(type="list", elements="str", default=[]),
             mounts=dict(type="list", elements="str", default=[]),
+            optional_mounts=dict(type="list", elements="str", default=[]),
             shm_size=dict(type="str"),
             network=dict(type="str", default="host"),
             privileged=dict(type="bool", default=False),
@@ -261,6 +276,7 @@ def main():
     spec = dict((k, p[k]) for k in ct.MANAGED)
     spec["env"] = dict((str(k), str(v)) for k, v in spec["env"].items())
     spec["secret_env"] = dict((str(k), str(v)) for k, v in spec["secret_env"].items())
+    spec["mounts"], missing = ct.present_mounts(spec["mounts"], p["optional_mounts"])
     try:
         result = ct.converge(engine, p["name"], spec, p["state"], recreate=p["recreate"], wait=p["wait_ready"],
                              check_mode=module.check_mode, secret_dir=p["secret_dir"], stop_timeout=p["stop_timeout"])
@@ -268,6 +284,7 @@ def main():
         module.fail_json(msg="%s: %s" % (p["name"], e), **e.extra)
     if not module._diff:
         result.pop("diff", None)
+    result["missing_optional_mounts"] = missing
     module.exit_json(**result)
 
 

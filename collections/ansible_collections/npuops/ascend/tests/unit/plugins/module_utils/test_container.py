@@ -273,3 +273,16 @@ def test_a_sliced_wait_carries_the_peer_count_from_slice_to_slice(tmp_path, monk
     with pytest.raises(ct.ContainerError, match="cannot reach 10.0.0.11:13389 for 15s"):
         ct.wait_ready(eng, "vllm", "http://x/health", 10, peers=["10.0.0.11:13389"], clock=clock, sleep=sleep,
                       missed=first.value.extra["missed"])
+
+
+def test_an_optional_mount_is_left_out_only_where_its_source_is_missing(tmp_path):
+    present = tmp_path / "hccn.conf"
+    present.write_text("address_0=10.0.0.1\n")
+    mounts = ["/srv/models:/srv/models:ro", "%s:/etc/hccn.conf:ro" % present, "/etc/absent.conf:/etc/absent.conf:ro",
+              "/etc/required.conf:/etc/required.conf:ro"]
+    kept, missing = ct.present_mounts(mounts, [str(present), "/etc/absent.conf"])
+    # a missing source that is not optional stays: the start then fails naming it, as it must
+    assert kept == ["/srv/models:/srv/models:ro", "%s:/etc/hccn.conf:ro" % present,
+                    "/etc/required.conf:/etc/required.conf:ro"]
+    assert missing == ["/etc/absent.conf"]
+    assert ct.present_mounts(mounts, []) == (mounts, [])
