@@ -57,10 +57,12 @@ def servers():
     found = []
     mine = _net_ns()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or _net_ns(entry) != mine:
+        if not entry.isdigit():
             continue
         argv = _cmdline(int(entry))
         if not argv or len(argv) < 3 or not argv[1].endswith(SCRIPT_NAME) or argv[2] != "serve":
+            continue
+        if _net_ns(entry) != mine:
             continue
         opts = dict(zip(argv[3::2], argv[4::2]))
         port = opts.get("--port")
