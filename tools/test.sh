@@ -68,10 +68,6 @@ run_logged() {
 }
 
 sim() {
-  # with the molecule stage also asked for, the first stream runs it after its tests (it has its own cluster id
-  # and address ranges) while the second stream is still running
-  local then_molecule=false
-  [[ " ${stages[*]} " != *" molecule "* ]] || then_molecule=true
   if [ "$(id -u)" != 0 ]; then
     echo "the simulated-cluster tests need root (network and mount namespaces)" >&2
     return 1
@@ -94,9 +90,8 @@ sim() {
     SIM_ROOT=$root pytest -q -m sim -p no:cacheprovider --basetemp=/tmp/npuops-ci2-pytest --durations=15 "${second[@]}" >"$log" 2>&1 &
   local pid=$! rc=0 rc2=0
   pytest -q -m sim -p no:cacheprovider --durations=15 "${first[@]}" || rc=$?
-  if [ "$rc" = 0 ] && $then_molecule; then
+  if [ "$rc" = 0 ] && $sim_runs_molecule; then
     timed molecule molecule || rc=$?
-    molecule_done=true
   fi
   wait "$pid" || rc2=$?
   echo "--- second stream (${second[*]}):"
@@ -159,7 +154,10 @@ molecule() {
 # .venv-vllm is mostly downloads and unpacking: built in the background from the start when other stages come
 # before vllm_args (CI time)
 vllm_prepare_pid=
-molecule_done=false
+# With both sim and molecule asked for (in either order), sim's first stream runs molecule once its tests are
+# done (molecule has its own cluster id and address ranges) while the second stream is still running.
+sim_runs_molecule=false
+[[ " ${stages[*]} " != *" sim "* || " ${stages[*]} " != *" molecule "* ]] || sim_runs_molecule=true
 if [[ " ${stages[*]} " == *" vllm_args "* ]] && [ "${stages[0]}" != vllm_args ]; then
   mkdir -p "$PWD/.logs"
   # its own process group, so that a failing stage before vllm_args ends the build (pip and all) with the script
@@ -168,7 +166,7 @@ if [[ " ${stages[*]} " == *" vllm_args "* ]] && [ "${stages[0]}" != vllm_args ];
   trap '[ -z "$vllm_prepare_pid" ] || kill -TERM -- "-$vllm_prepare_pid" 2>/dev/null || true' EXIT
 fi
 for stage in "${stages[@]}"; do
-  [ "$stage" != molecule ] || ! $molecule_done || continue
+  [ "$stage" != molecule ] || ! $sim_runs_molecule || continue
   timed "$stage" "$stage"
 done
 echo "make test: all stages passed (${stages[*]})"
