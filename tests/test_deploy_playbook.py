@@ -34,12 +34,7 @@ def deploy(c, *extra, check=True, timeout=600):
 
 
 def started(c):
-    out = {}
-    for node in NODES:
-        line = c.ssh(node, "podman inspect vllm --format '{{.Name}} {{.State.Status}} {{.State.StartedAt}}'",
-                     check=False).stdout.strip()
-        out[node] = line
-    return out
+    return c.started(NODES)
 
 
 def overrides(tmp_path, host, values):

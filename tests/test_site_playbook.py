@@ -142,14 +142,14 @@ def test_the_example_script_drives_a_stage_and_prints_the_outcome(cluster, tmp_p
 
 
 def started(c):
-    return dict((n, c.ssh(n, "podman inspect vllm --format '{{.State.StartedAt}}'").stdout.strip())
-                for n in ("node01", "node02", "node03", "node04"))
+    return c.started(("node01", "node02", "node03", "node04"))
 
 
 def test_site_run_again_unchanged_changes_nothing_restarts_nothing_and_moves_no_weight_byte(cluster, site,
                                                                                           tmp_path):
     """The inventory-driven rollout: the project's own main command converges a running cluster."""
     before = started(cluster)
+    assert all(" running " in s for s in before.values()), before
     runner = ansible_runner.run(
         private_data_dir=str(tmp_path), project_dir=REPO, playbook="playbooks/site.yml", inventory=cluster.inventory,
         extravars={"npuops_reports_dir": cluster.reports}, cmdline="--skip-tags bench",

@@ -90,8 +90,9 @@ def test_validate_against_a_frozen_engine_fails_within_its_budget(cluster):
 
 
 def test_recover_leaves_a_healthy_instance_untouched(cluster, tmp_path):
-    before = cluster.ssh("node01", "podman inspect vllm --format '{{.State.StartedAt}}'").stdout
+    before = cluster.started(["node01"])
+    assert " running " in before["node01"], before
     rc, _took, _status, out = polled(cluster, tmp_path, "recover")
     assert rc == 0 and "Every instance is healthy: nothing to recover." in out
-    assert cluster.ssh("node01", "podman inspect vllm --format '{{.State.StartedAt}}'").stdout == before
+    assert cluster.started(["node01"]) == before
     assert re.search(r"node01\s+: ok=\d+\s+changed=0", out)

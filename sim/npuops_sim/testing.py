@@ -57,6 +57,12 @@ class SimCluster:
                     "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "root@" + self.ip(node), command],
                    check=check, timeout=timeout)
 
+    def started(self, nodes, container="vllm"):
+        """{node: "<name> <status> <start time>"} of a container (podman inspect; an error text where it is
+        missing): a restart changes the start time, so equal answers before and after mean nothing restarted."""
+        return dict((n, self.ssh(n, "podman inspect %s --format '{{.Name}} {{.State.Status}} {{.State.StartedAt}}'"
+                                 % container, check=False).stdout.strip()) for n in nodes)
+
     def profile(self, node):
         return json.loads(self.ssh(node, "cat /usr/local/Ascend/driver/lib64/npuops_sim/profile.json").stdout)
 
