@@ -289,7 +289,7 @@ def start_listener(python, address, ports, token, seconds, expect):
     argv = [python, "-c", LISTENER, str(time.time() + seconds), str(expect)]
     argv += ["%s:%d" % (address, p) for p in ports]
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE,
-                             close_fds=True, preexec_fn=os.setsid)
+                             close_fds=True, start_new_session=True)
     child.stdin.write(token.encode("utf-8") + b"\n")
     child.stdin.close()
     first = child.stdout.readline()

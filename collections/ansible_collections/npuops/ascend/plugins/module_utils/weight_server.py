@@ -375,7 +375,7 @@ def launch(python, script, root, bind, port, token_file, idle_timeout, log_path,
     if run_id:
         argv += ["--run-id", run_id]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, close_fds=True,
-                            preexec_fn=os.setsid)
+                            start_new_session=True)
     ready = select.select([proc.stdout], [], [], timeout)[0]
     line = proc.stdout.readline().decode() if ready else ""
     log.close()
