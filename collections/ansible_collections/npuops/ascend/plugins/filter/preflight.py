@@ -4,7 +4,7 @@
 """The preflight go/no-go: per-node results + cluster-wide rules -> one table of named failures.
 
 ``ping_mesh`` turns every node's /etc/hccn.conf addresses into per-device ping targets;
-``preflight_report`` gathers what npu_facts, host_check and hccn_check found on every node, adds the
+``preflight_report`` gathers what host_check (with its NPU discovery) and hccn_check found on every node, adds the
 checks only the whole cluster can answer (unique device addresses, one TLS setting everywhere, the
 capacity plan), and returns rows ``{host, check, device, observed, expected, fix, severity}``.
 """
@@ -59,10 +59,18 @@ def collect(hostvars, hosts, path):
     return out
 
 
+def npu_result(host_result):
+    """The outcome of the NPU discovery that host_check (npu_facts: true) ran with the node's other checks, in the
+    shape of an npu_facts result: failed with the reason when the discovery failed, else the module's result."""
+    if isinstance(host_result, dict) and host_result.get("npu_error") and not host_result.get("failed"):
+        return {"failed": True, "msg": host_result["npu_error"]}
+    return host_result
+
+
 def preflight_gather(hostvars, hosts):
     """What the preflight tasks registered on each host, in the shape preflight_report takes."""
     return dict((h, {"npu": collect(hostvars, [h], "ansible_facts.npu")[h],
-                     "npu_result": collect(hostvars, [h], "npuops_npu_result")[h],
+                     "npu_result": npu_result(collect(hostvars, [h], "npuops_host_result")[h]),
                      "host_check": collect(hostvars, [h], "npuops_host_result")[h],
                      "reach_check": collect(hostvars, [h], "npuops_reach_result")[h],
                      "hccn_check": collect(hostvars, [h], "npuops_hccn_result")[h]}) for h in hosts)

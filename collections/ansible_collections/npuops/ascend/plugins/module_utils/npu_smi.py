@@ -13,8 +13,13 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
 import re
 
+from ansible_collections.npuops.ascend.plugins.module_utils import proc
+
+DRIVER_DIR = "/usr/local/Ascend/driver"
+TOOLKIT_DIR = "/usr/local/Ascend/ascend-toolkit/latest"
 DCMI_FAILURE = "dcmi module initialize failed"
 HEALTH_STATES = ("OK", "Warning", "Alarm", "Critical", "UNKNOWN")
 
@@ -266,3 +271,49 @@ def version_tuple(text):
         elif piece.isdigit():
             parts.append(int(piece))
     return tuple(parts)
+
+
+def runner(tool, timeout, run=proc.run):
+    """`npu-smi <args>` -> its output; NpuSmiError when it hangs (a wedged driver), prints a DCMI failure or
+    exits non-zero. Each call is bounded by `timeout` seconds."""
+    def call(*args):
+        rc, out, err = run([tool] + list(args), timeout)
+        command = "npu-smi " + " ".join(args)
+        if rc == proc.TIMED_OUT:
+            raise NpuSmiError("%s did not answer within %ss: the driver may be wedged (check dmesg, then reset the "
+                              "device or reboot the node)" % (command, timeout))
+        text = out + err
+        check_output(text, command)
+        if rc != 0:
+            raise NpuSmiError("%s failed (rc=%d): %s" % (command, rc, text.strip()[-300:]))
+        return text
+    return call
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except (IOError, OSError):
+        return None
+
+
+def discover(call, driver_dir=DRIVER_DIR, toolkit_dir=TOOLKIT_DIR, read=_read, listdir=os.listdir,
+             isdir=os.path.isdir):
+    """The node's NPU facts (build_facts) from npu-smi (`call`, see runner) and the driver and CANN version files.
+    Raises NpuSmiError naming the command that failed."""
+    info = parse_info(call("info"))
+    mapping = parse_mapping(call("info", "-m"))
+    first_card = min(c["card"] for c in mapping)
+    board = parse_key_values(call("info", "-t", "board", "-i", str(first_card)))
+    chip_board = parse_key_values(call("info", "-t", "board", "-i", str(first_card), "-c", "0"))
+    merged = dict(board[0] if board else {})
+    merged.update(chip_board[0] if chip_board else {})
+    driver = parse_assignments(read(os.path.join(driver_dir, "version.info")) or "")
+    cann_text = None
+    if isdir(toolkit_dir):
+        for entry in sorted(listdir(toolkit_dir)):
+            cann_text = read(os.path.join(toolkit_dir, entry, "ascend_toolkit_install.info"))
+            if cann_text:
+                break
+    return build_facts(info, mapping, board=merged, driver_info=driver, cann_info=parse_assignments(cann_text or ""))

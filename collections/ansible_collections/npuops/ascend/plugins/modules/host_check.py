@@ -20,6 +20,9 @@ description:
     short-lived listener on the node (detached; it stops after O(listen_seconds) or once it answered
     O(listen_expect) connections). With O(reach) it connects to such listeners, retrying until
     O(reach_timeout), and checks that the preflight listener, not some other process, answered.
+  - With O(npu_facts) it also discovers the NPUs the way M(npuops.ascend.npu_facts) does and returns them as the
+    C(npu) fact, so preflight needs one module run per node for all of its local checks (each module run costs
+    a Python start and the module's import on the node).
   - Each failure is returned as C({check, observed, expected, fix}); nothing on the node changes
     apart from the temporary listener.
   - A reach entry with C(live=true) targets a port the running service holds; it passes when the connection is
@@ -100,8 +103,21 @@ options:
     type: list
     elements: str
     default: []
+  npu_facts:
+    description:
+      - Also discover the NPUs (C(npu-smi info), C(info -m), C(info -t board), the driver and CANN version files)
+        and return them as the C(npu) fact, the same as M(npuops.ascend.npu_facts) with its defaults.
+      - A failure to discover (no C(npu-smi), a wedged driver, a DCMI error) does not fail the module; it is
+        returned in RV(npu_error) and the other checks still run.
+    type: bool
+    default: false
+  npu_smi_path:
+    description:
+      - Path of C(npu-smi) for O(npu_facts). By default it is looked up on E(PATH), then in C(/usr/local/bin) and
+        C(/usr/local/sbin).
+    type: path
   command_timeout:
-    description: Seconds each external command (C(ip), the container CLI) may take.
+    description: Seconds each external command (C(ip), the container CLI, C(npu-smi)) may take.
     type: int
     default: 30
 attributes:
@@ -113,6 +129,7 @@ attributes:
     support: none
 seealso:
   - module: npuops.ascend.hccn_check
+  - module: npuops.ascend.npu_facts
 """
 
 EXAMPLES = r"""
@@ -132,6 +149,19 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+ansible_facts:
+  description: The C(npu) fact, as M(npuops.ascend.npu_facts) returns it.
+  returned: when O(npu_facts) is set and the NPUs were discovered
+  type: dict
+  contains:
+    npu:
+      description: The chips, the card/chip to logical/physical id map, HBM, health and the driver and CANN versions.
+      type: dict
+npu_error:
+  description: Why the NPUs could not be discovered (the command and what it printed, and what to do).
+  returned: when O(npu_facts) is set and discovery failed
+  type: str
+  sample: "npu-smi info did not answer within 30s: the driver may be wedged (check dmesg, then reset the device or reboot the node)"
 ok:
   description: V(true) when no check failed.
   returned: always
@@ -199,7 +229,7 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.npuops.ascend.plugins.module_utils import container, hccn, host, proc
+from ansible_collections.npuops.ascend.plugins.module_utils import container, hccn, host, npu_smi, proc
 
 
 def main():
@@ -222,6 +252,8 @@ def main():
             reach_timeout=dict(type="int", default=15),
             token=dict(type="str", no_log=True),
             service_containers=dict(type="list", elements="str", default=[]),
+            npu_facts=dict(type="bool", default=False),
+            npu_smi_path=dict(type="path"),
             command_timeout=dict(type="int", default=30),
         ),
         required_together=[("nic", "node_ip")],
@@ -246,6 +278,15 @@ def main():
         for c in result["service"]:
             service_pids.update(c["pids"])
     result["service_pids"] = sorted(service_pids)
+    if p["npu_facts"]:
+        tool = p["npu_smi_path"] or module.get_bin_path("npu-smi", opt_dirs=["/usr/local/bin", "/usr/local/sbin"])
+        try:
+            if not tool:
+                raise npu_smi.NpuSmiError("npu-smi not found (looked on PATH, /usr/local/bin, /usr/local/sbin): "
+                                          "install the Ascend driver, which provides it, or set npu_smi_path")
+            result["ansible_facts"] = {"npu": npu_smi.discover(npu_smi.runner(tool, p["command_timeout"]))}
+        except (npu_smi.NpuSmiError, OSError) as e:
+            result["npu_error"] = str(e)
     if p["nic"]:
         problems += host.check_nic(host.ipv4_addresses(run), p["nic"], p["node_ip"])
     if p["ports_free"]:

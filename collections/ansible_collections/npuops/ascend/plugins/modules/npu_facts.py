@@ -157,23 +157,15 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.npuops.ascend.plugins.module_utils import npu_smi, proc
-
-
-def read(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except IOError:
-        return None
+from ansible_collections.npuops.ascend.plugins.module_utils import npu_smi
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             npu_smi_path=dict(type="path"),
-            driver_dir=dict(type="path", default="/usr/local/Ascend/driver"),
-            toolkit_dir=dict(type="path", default="/usr/local/Ascend/ascend-toolkit/latest"),
+            driver_dir=dict(type="path", default=npu_smi.DRIVER_DIR),
+            toolkit_dir=dict(type="path", default=npu_smi.TOOLKIT_DIR),
             timeout=dict(type="int", default=30),
         ),
         supports_check_mode=True,
@@ -185,36 +177,9 @@ def main():
                              "Ascend driver, which provides it, or set npu_smi_path"
                              % (", " + module.params["npu_smi_path"] if module.params["npu_smi_path"] else ""))
 
-    def run(*args):
-        rc, out, err = proc.run([tool] + list(args), module.params["timeout"])
-        if rc == proc.TIMED_OUT:
-            what = (" ".join(args), module.params["timeout"])
-            raise npu_smi.NpuSmiError("npu-smi %s did not answer within %ss: the driver may be wedged (check dmesg, "
-                                      "then reset the device or reboot the node)" % what)
-        text = out + err
-        npu_smi.check_output(text, "npu-smi " + " ".join(args))
-        if rc != 0:
-            raise npu_smi.NpuSmiError("npu-smi %s failed (rc=%d): %s" % (" ".join(args), rc, text.strip()[-300:]))
-        return text
-
     try:
-        info = npu_smi.parse_info(run("info"))
-        mapping = npu_smi.parse_mapping(run("info", "-m"))
-        first_card = min(c["card"] for c in mapping)
-        board = npu_smi.parse_key_values(run("info", "-t", "board", "-i", str(first_card)))
-        chip_board = npu_smi.parse_key_values(run("info", "-t", "board", "-i", str(first_card), "-c", "0"))
-        merged = dict(board[0] if board else {})
-        merged.update(chip_board[0] if chip_board else {})
-        driver = npu_smi.parse_assignments(read(os.path.join(module.params["driver_dir"], "version.info")) or "")
-        cann_text = None
-        toolkit = module.params["toolkit_dir"]
-        if os.path.isdir(toolkit):
-            for entry in sorted(os.listdir(toolkit)):
-                cann_text = read(os.path.join(toolkit, entry, "ascend_toolkit_install.info"))
-                if cann_text:
-                    break
-        facts = npu_smi.build_facts(info, mapping, board=merged, driver_info=driver,
-                                    cann_info=npu_smi.parse_assignments(cann_text or ""))
+        facts = npu_smi.discover(npu_smi.runner(tool, module.params["timeout"]), module.params["driver_dir"],
+                                 module.params["toolkit_dir"])
     except npu_smi.NpuSmiError as e:
         module.fail_json(msg=str(e))
     module.exit_json(changed=False, ansible_facts={"npu": facts})

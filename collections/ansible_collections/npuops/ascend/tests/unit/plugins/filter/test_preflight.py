@@ -171,3 +171,23 @@ def test_a_failed_reach_check_is_a_row_of_the_worker():
     c["node03"]["reach_check"] = {"changed": False, "failed_checks": [{
         "check": "reach", "observed": "10.0.0.11:13389 (node01) timed out", "expected": "TCP connect", "fix": "open"}]}
     assert checks(report(c)) == [("node03", "reach", None)]
+
+
+def test_gather_reads_the_npu_discovery_from_host_check():
+    """host_check (npu_facts: true) carries the NPU facts, or npu_error: a failed discovery becomes the npu_facts
+    row of that host while its other checks still count."""
+    hostvars = {
+        "node01": {"ansible_facts": {"npu": {"chip_count": 16}}, "npuops_host_result": {"ok": True}},
+        "node02": {"npuops_host_result": {"ok": True, "npu_error": "npu-smi info did not answer within 5s"}},
+        "node03": {"npuops_host_result": {"unreachable": True, "msg": "timed out"}},
+    }
+    gathered = preflight.preflight_gather(hostvars, ["node01", "node02", "node03"])
+    assert gathered["node01"]["npu"] == {"chip_count": 16} and gathered["node01"]["npu_result"] == {"ok": True}
+    assert gathered["node02"]["npu"] is None
+    assert gathered["node02"]["npu_result"] == {"failed": True, "msg": "npu-smi info did not answer within 5s"}
+    assert gathered["node03"]["npu_result"] == {"unreachable": True, "msg": "timed out"}
+    c = cluster()
+    c["node02"]["npu"], c["node02"]["npu_result"] = None, gathered["node02"]["npu_result"]
+    rep = report(c)
+    assert checks(rep) == [("node02", "npu_facts", None)]
+    assert rep["failures"][0]["observed"] == "npu-smi info did not answer within 5s"

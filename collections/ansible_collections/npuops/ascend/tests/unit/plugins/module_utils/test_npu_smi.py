@@ -138,3 +138,55 @@ def test_table_and_map_that_disagree_are_refused():
                                  ("25.0.rc1.1", "25.0.1")])
 def test_version_order(a, b):
     assert npu_smi.version_tuple(a) < npu_smi.version_tuple(b)
+
+
+def fake_npu_smi(tmp_path, body):
+    """An executable npu-smi answering from the fixtures, as the real one does per argument list."""
+    tool = tmp_path / "npu-smi"
+    tool.write_text("#!/bin/sh\n" + body)
+    tool.chmod(0o755)
+    return str(tool)
+
+
+A3_TOOL = """case "$*" in
+  "info") cat {f}/a3_info.txt ;;
+  "info -m") cat {f}/a3_info_m.txt ;;
+  "info -t board -i 0") cat {f}/a3_board_card.txt ;;
+  "info -t board -i 0 -c 0") cat {f}/a3_board_chip.txt ;;
+  *) echo "Error: invalid parameter"; exit 2 ;;
+esac
+"""
+
+
+def test_discover_runs_npu_smi_and_reads_the_version_files(tmp_path):
+    toolkit = tmp_path / "toolkit"
+    (toolkit / "aarch64-linux").mkdir(parents=True)
+    (toolkit / "aarch64-linux" / "ascend_toolkit_install.info").write_text(fixture("ascend_toolkit_install.info"))
+    driver = tmp_path / "driver"
+    driver.mkdir()
+    (driver / "version.info").write_text(fixture("version.info"))
+    tool = fake_npu_smi(tmp_path, A3_TOOL.format(f=FIXTURES))
+    facts = npu_smi.discover(npu_smi.runner(tool, 10), str(driver), str(toolkit))
+    assert facts["generation"] == "A3" and facts["chip_count"] == 16 and facts["chip_model"] == "Ascend910"
+    assert facts["driver_version"] == "25.0.rc1.1" and facts["cann_version"] == "8.3.RC2"
+    assert facts["firmware_version"] == "7.8.0.6.201"
+    assert [c["phy_id"] for c in facts["chips"]] == list(range(16))
+
+
+def test_discover_without_version_files_takes_the_driver_from_the_board(tmp_path):
+    tool = fake_npu_smi(tmp_path, A3_TOOL.format(f=FIXTURES))
+    facts = npu_smi.discover(npu_smi.runner(tool, 10), str(tmp_path / "none"), str(tmp_path / "none"))
+    assert facts["chip_count"] == 16 and facts["cann_version"] is None
+    assert facts["driver_version"] == "25.5.1"  # the board's Software Version (a3_board_card.txt)
+
+
+def test_runner_names_a_hung_a_failing_and_a_dcmi_npu_smi(tmp_path):
+    hung = npu_smi.runner(fake_npu_smi(tmp_path, "exec sleep 60\n"), 1)
+    with pytest.raises(npu_smi.NpuSmiError, match=r"npu-smi info did not answer within 1s: the driver may be wedged"):
+        hung("info")
+    failing = npu_smi.runner(fake_npu_smi(tmp_path, "echo 'Error: card id 3 is invalid.'; exit 2\n"), 5)
+    with pytest.raises(npu_smi.NpuSmiError, match=r"npu-smi info -t board -i 3 failed \(rc=2\): Error: card id 3"):
+        failing("info", "-t", "board", "-i", "3")
+    dcmi = npu_smi.runner(fake_npu_smi(tmp_path, "cat %s/dcmi_failure.txt; exit 1\n" % FIXTURES), 5)
+    with pytest.raises(npu_smi.NpuSmiError, match=r"npu-smi info failed: .*dcmi module initialize failed"):
+        dcmi("info")
