@@ -218,7 +218,7 @@ started_at:
   type: str
 missing_optional_mounts:
   description: The O(optional_mounts) that do not exist on the node, so were not mounted.
-  returned: always
+  returned: success
   type: list
   elements: str
   sample: [/etc/hccn.conf]
