@@ -69,9 +69,10 @@ def npu_result(host_result):
 
 def preflight_gather(hostvars, hosts):
     """What the preflight tasks registered on each host, in the shape preflight_report takes."""
+    host_checks = collect(hostvars, hosts, "npuops_host_result")
     return dict((h, {"npu": collect(hostvars, [h], "ansible_facts.npu")[h],
-                     "npu_result": npu_result(collect(hostvars, [h], "npuops_host_result")[h]),
-                     "host_check": collect(hostvars, [h], "npuops_host_result")[h],
+                     "npu_result": npu_result(host_checks[h]),
+                     "host_check": host_checks[h],
                      "reach_check": collect(hostvars, [h], "npuops_reach_result")[h],
                      "hccn_check": collect(hostvars, [h], "npuops_hccn_result")[h]}) for h in hosts)
 

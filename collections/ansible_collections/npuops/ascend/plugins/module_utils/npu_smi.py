@@ -273,6 +273,19 @@ def version_tuple(text):
     return tuple(parts)
 
 
+SEARCH_DIRS = ["/usr/local/bin", "/usr/local/sbin"]
+
+
+def locate(get_bin_path, path=None, exists=os.path.exists):
+    """The npu-smi to run: `path` when given, else found on PATH or in SEARCH_DIRS (`get_bin_path`: the module's).
+    Raises NpuSmiError saying where it looked and what to do."""
+    tool = path or get_bin_path("npu-smi", opt_dirs=SEARCH_DIRS)
+    if not tool or not exists(tool):
+        raise NpuSmiError("npu-smi not found (looked on PATH, %s%s): install the Ascend driver, which provides it, "
+                          "or set npu_smi_path" % (", ".join(SEARCH_DIRS), ", " + path if path else ""))
+    return tool
+
+
 def runner(tool, timeout, run=proc.run):
     """`npu-smi <args>` -> its output; NpuSmiError when it hangs (a wedged driver), prints a DCMI failure or
     exits non-zero. Each call is bounded by `timeout` seconds."""

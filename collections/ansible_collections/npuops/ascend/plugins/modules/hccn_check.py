@@ -141,7 +141,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.npuops.ascend.plugins.module_utils import hccn, npu_smi, proc
+from ansible_collections.npuops.ascend.plugins.module_utils import hccn, npu_smi
 
 
 def main():
@@ -163,16 +163,11 @@ def main():
                              "(driver/tools/hccn_tool); set hccn_tool_path if it lives elsewhere" % tool)
     devices = module.params["devices"]
     if not devices:
-        smi = module.params["npu_smi_path"] or module.get_bin_path("npu-smi", opt_dirs=["/usr/local/bin"])
-        if not smi:
-            module.fail_json(msg="no devices given and npu-smi not found to list them: set devices or npu_smi_path")
-        rc, out = hccn.run_command([smi, "info", "-m"], 30)
-        if rc == proc.TIMED_OUT:
-            module.fail_json(msg="npu-smi info -m did not answer within 30s (a wedged driver?)")
         try:
-            devices = sorted(c["phy_id"] for c in npu_smi.parse_mapping(out))
+            call = npu_smi.runner(npu_smi.locate(module.get_bin_path, module.params["npu_smi_path"]), 30)
+            devices = sorted(c["phy_id"] for c in npu_smi.parse_mapping(call("info", "-m")))
         except npu_smi.NpuSmiError as e:
-            module.fail_json(msg=str(e))
+            module.fail_json(msg="no devices given, and listing them failed: %s" % e)
     targets = {}
     for item in module.params["ping_targets"]:
         if isinstance(item, dict):

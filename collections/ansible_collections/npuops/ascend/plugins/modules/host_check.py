@@ -279,11 +279,8 @@ def main():
             service_pids.update(c["pids"])
     result["service_pids"] = sorted(service_pids)
     if p["npu_facts"]:
-        tool = p["npu_smi_path"] or module.get_bin_path("npu-smi", opt_dirs=["/usr/local/bin", "/usr/local/sbin"])
         try:
-            if not tool:
-                raise npu_smi.NpuSmiError("npu-smi not found (looked on PATH, /usr/local/bin, /usr/local/sbin): "
-                                          "install the Ascend driver, which provides it, or set npu_smi_path")
+            tool = npu_smi.locate(module.get_bin_path, p["npu_smi_path"])
             result["ansible_facts"] = {"npu": npu_smi.discover(npu_smi.runner(tool, p["command_timeout"]))}
         except (npu_smi.NpuSmiError, OSError) as e:
             result["npu_error"] = str(e)

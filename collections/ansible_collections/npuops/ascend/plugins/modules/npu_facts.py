@@ -153,8 +153,6 @@ ansible_facts:
               memory_mb: 58959
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.npuops.ascend.plugins.module_utils import npu_smi
@@ -170,14 +168,8 @@ def main():
         ),
         supports_check_mode=True,
     )
-    tool = module.params["npu_smi_path"] or module.get_bin_path("npu-smi", opt_dirs=["/usr/local/bin",
-                                                                                     "/usr/local/sbin"])
-    if not tool or not os.path.exists(tool):
-        module.fail_json(msg="npu-smi not found (looked on PATH, /usr/local/bin, /usr/local/sbin%s): install the "
-                             "Ascend driver, which provides it, or set npu_smi_path"
-                             % (", " + module.params["npu_smi_path"] if module.params["npu_smi_path"] else ""))
-
     try:
+        tool = npu_smi.locate(module.get_bin_path, module.params["npu_smi_path"])
         facts = npu_smi.discover(npu_smi.runner(tool, module.params["timeout"]), module.params["driver_dir"],
                                  module.params["toolkit_dir"])
     except npu_smi.NpuSmiError as e:

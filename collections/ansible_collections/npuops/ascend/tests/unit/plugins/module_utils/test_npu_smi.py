@@ -190,3 +190,21 @@ def test_runner_names_a_hung_a_failing_and_a_dcmi_npu_smi(tmp_path):
     dcmi = npu_smi.runner(fake_npu_smi(tmp_path, "cat %s/dcmi_failure.txt; exit 1\n" % FIXTURES), 5)
     with pytest.raises(npu_smi.NpuSmiError, match=r"npu-smi info failed: .*dcmi module initialize failed"):
         dcmi("info")
+
+
+def test_locate_takes_the_given_path_else_searches_and_names_where_it_looked(tmp_path):
+    tool = fake_npu_smi(tmp_path, "exit 0\n")
+    seen = []
+
+    def get_bin_path(name, opt_dirs=()):
+        seen.append((name, list(opt_dirs)))
+        return "/usr/local/sbin/npu-smi"
+
+    assert npu_smi.locate(get_bin_path, tool) == tool and seen == []
+    assert npu_smi.locate(get_bin_path, exists=lambda p: True) == "/usr/local/sbin/npu-smi"
+    assert seen == [("npu-smi", ["/usr/local/bin", "/usr/local/sbin"])]
+    with pytest.raises(npu_smi.NpuSmiError, match=r"npu-smi not found \(looked on PATH, /usr/local/bin, "
+                                                  r"/usr/local/sbin\): install the Ascend driver"):
+        npu_smi.locate(lambda name, opt_dirs=(): None)
+    with pytest.raises(npu_smi.NpuSmiError, match=r"/usr/local/sbin, /opt/none/npu-smi\): .*or set npu_smi_path"):
+        npu_smi.locate(get_bin_path, "/opt/none/npu-smi")
