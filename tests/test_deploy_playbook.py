@@ -47,15 +47,6 @@ def recap(out):
     return dict(re.findall(r"^(node\d\d)\s+: ok=\d+\s+changed=(\d+)", out, re.M))
 
 
-def test_check_mode_on_a_fresh_cluster_shows_every_container_it_would_create(cluster):
-    out = deploy(cluster, "--check", "--diff")
-    assert all(v == "" or "no such" in v.lower() or "error" in v.lower() for v in started(cluster).values())
-    for node in NODES:
-        assert "%s (create): (all): (unset) -> created" % node in out.stdout
-    assert "+    --data-parallel-start-rank: '3'" in out.stdout or "--data-parallel-start-rank" in out.stdout
-    assert "fatal" not in out.stdout
-
-
 def test_a_preset_change_restarts_the_engines_once_and_nothing_else(cluster):
     deploy(cluster)
     before = started(cluster)

@@ -1,6 +1,6 @@
 """The whole journey on a 4-node simulated cluster, the way a platform runs it: playbooks/site.yml through
-ansible_runner.run, the outcome read from the stats; then the report, the example script, and a garbage
-answer caught by validate."""
+ansible_runner.run, the outcome read from the stats; then the report, the example script, a re-run that changes
+nothing and a foreign listener preflight names (validate catching garbage answers: tests/test_validate_playbook.py)."""
 import glob
 import json
 import os
@@ -12,7 +12,7 @@ import ansible_runner
 import pytest
 from matplotlib import image as mpimg
 
-from npuops_sim.testing import BIN, REPO, assert_validate_catches_missing_hccn_conf, bring_up, env, run, sim
+from npuops_sim.testing import BIN, REPO, bring_up, env, run, sim
 
 pytestmark = pytest.mark.sim
 
@@ -179,7 +179,3 @@ def test_a_foreign_listener_on_a_tier_port_still_fails_preflight_naming_the_proc
     report = json.loads((tmp_path / "preflight.json").read_text())
     assert [(f["host"], f["check"]) for f in report["failures"]] == [("node01", "port_free")]
     assert report["failures"][0]["observed"] == "port 8000 is in use by %d (python3)" % pid
-
-
-def test_validate_catches_garbage_answers_when_hccn_conf_is_missing(cluster):
-    assert_validate_catches_missing_hccn_conf(cluster, "node02")

@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# make test: everything CI runs, in the order that fails fastest. `tools/test.sh <stage>...` runs some.
+# make test: everything CI runs. `tools/test.sh <stage>...` runs some.
 #   lint    yamllint, ansible-lint (production profile, offline), ruff
 #   unit    pytest: collection module_utils/filters, simulator logic, conformance of the simulated engine and PD
 #           proxy with the openai SDK on loopback (no root, no network)
-#   sanity  ansible-test sanity + units from the collection directory (offline get-pip stand-in)
-#   sim     pytest -m sim: the simulated cluster, and the playbooks on it (root: namespaces, sshd, podman)
-#   molecule  the molecule scenarios on the simulated cluster (CI: the 16-node PD one; MOLECULE_SCENARIOS=all: every one);
-#           with sim also asked for, run by the first sim stream once its tests are done
+#   sanity  ansible-test sanity from the collection directory (offline get-pip stand-in); its unit tests are the
+#           unit stage's
+#   sim     pytest -m sim: the simulator, the playbooks on it and the molecule scenario(s) of MOLECULE_SCENARIOS
+#           (default: the 16-node PD one), in SIM_LANES pytest-xdist lanes (default 3), each lane with its own
+#           cluster id and address ranges (root: namespaces, sshd, podman)
+#   molecule  molecule scenarios directly (MOLECULE_SCENARIOS=all, as `make molecule` does: every one)
 #   vllm_args the example inventories' vllm serve command lines, checked by the own parser of every vLLM version
 #             of data/images.yml; vLLM's own bench request functions against the simulated engine (pytest -m vllm)
 #   collection  the collection built into its tarball, installed into an empty path, planning an example
 #             inventory from a directory outside the repository
+# With sim among several stages it starts first, in the background, and the other stages run meanwhile (most of a
+# sim test is waiting on SSH and the engines); its output follows theirs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ANSIBLE_CONFIG="$PWD/ansible.cfg" PYTHONPATH="$PWD/sim" PATH="$PWD/.venv/bin:$PATH"
 COLLECTION=collections/ansible_collections/npuops/ascend
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(lint unit sanity collection vllm_args sim molecule)
+[ ${#stages[@]} -gt 0 ] || stages=(lint unit sanity collection vllm_args sim)
 
 timed() {
   local name=$1; shift
@@ -33,7 +37,8 @@ lint() {
 }
 
 unit() {
-  pytest -q -m "not sim and not vllm"
+  # two workers: many of these tests wait on loopback servers and timeouts, not on the CPU
+  pytest -q -m "not sim and not vllm" -p no:cacheprovider -n 2
 }
 
 sanity() {
@@ -51,10 +56,6 @@ PY
   local log="$PWD/.logs/ansible-test.log"
   run_logged "$log" bash -c "cd $COLLECTION && ansible-test sanity --venv --python 3.11 --color no"
   grep -E '^(Running sanity test|WARNING: Skipping|ERROR)' "$log" | sed 's/^/  /' || true
-  if [ -n "$(find "$COLLECTION/tests/unit" -name 'test_*.py' -print -quit 2>/dev/null)" ]; then
-    run_logged "$log" bash -c "cd $COLLECTION && ansible-test units --venv --python 3.11 --color no"
-    grep -E '^=+ .*(passed|failed)' "$log" | sed 's/^/  units: /' || true
-  fi
 }
 
 run_logged() {
@@ -67,36 +68,50 @@ run_logged() {
   fi
 }
 
+sim_lanes() {
+  python - "$1" <<'PY'
+import sys
+from npuops_sim.testing import lane_env
+for lane in range(int(sys.argv[1])):
+    print(lane_env({"PYTEST_XDIST_WORKER": "gw%d" % lane})["SIM_ID"])
+PY
+}
+
 sim() {
   if [ "$(id -u)" != 0 ]; then
     echo "the simulated-cluster tests need root (network and mount namespaces)" >&2
     return 1
   fi
-  # The simulator's own tests first, alone: they check that `down` leaves nothing on the machine.
-  pytest -q -m sim -p no:cacheprovider --durations=10 sim/tests
-  # Then the playbook tests in two streams side by side (2 cores; most of a test is waiting on SSH and the
-  # engines): the second has its own cluster id, address ranges and state root, as a second checkout would.
-  # (balanced so that the first stream's tests plus the molecule stage take about as long as the second)
-  local second=(tests/test_gateway.py tests/test_weights_playbook.py tests/test_monitor_playbook.py
-                tests/test_preflight_playbook.py tests/test_validate_playbook.py)
-  local first=() module
-  for module in tests/test_*.py; do
-    [[ " ${second[*]} " == *" $module "* ]] || first+=("$module")
-  done
+  python -m npuops_sim image >/dev/null  # built once here: every lane's clusters share it
+  pytest -q -m sim -p no:cacheprovider -n "$SIM_LANES" --dist loadfile --durations=0 \
+    --basetemp=/tmp/npuops-sim-pytest sim/tests tests
+}
+
+# sim in the background (its own process group, output in a log); ends it, and downs its lanes' clusters and
+# molecule's, when the script exits before it finished.
+sim_pid=
+sim_log="$PWD/.logs/sim.log"
+sim_start() {
   mkdir -p "$PWD/.logs"
-  local log="$PWD/.logs/sim-second-stream.log" root=/var/lib/npuops-sim-ci2
-  env SIM_ROOT=$root python -m npuops_sim image >/dev/null  # the image from the cache the first stage filled
-  env NPUOPS_TEST_SIM_ID=npci2 NPUOPS_TEST_MGMT_NET=10.225.0.0/24 NPUOPS_TEST_FABRIC_NET=10.226.0.0/20 \
-    SIM_ROOT=$root pytest -q -m sim -p no:cacheprovider --basetemp=/tmp/npuops-ci2-pytest --durations=15 "${second[@]}" >"$log" 2>&1 &
-  local pid=$! rc=0 rc2=0
-  pytest -q -m sim -p no:cacheprovider --durations=15 "${first[@]}" || rc=$?
-  if [ "$rc" = 0 ] && $sim_runs_molecule; then
-    timed molecule molecule || rc=$?
-  fi
-  wait "$pid" || rc2=$?
-  echo "--- second stream (${second[*]}):"
-  cat "$log"
-  [ "$rc" = 0 ] && [ "$rc2" = 0 ]
+  setsid bash -c "set -eo pipefail; $(declare -f sim); SIM_LANES=$SIM_LANES; sim" >"$sim_log" 2>&1 &
+  sim_pid=$!
+}
+sim_wait() {
+  local rc=0
+  wait "$sim_pid" || rc=$?
+  sim_pid=
+  cat "$sim_log"
+  return $rc
+}
+sim_abort() {
+  [ -n "$sim_pid" ] || return 0
+  kill -TERM -- "-$sim_pid" 2>/dev/null || true
+  wait "$sim_pid" 2>/dev/null || true
+  local id
+  for id in $(sim_lanes "$SIM_LANES") npmo; do
+    SIM_ID=$id python -m npuops_sim down >/dev/null 2>&1 || true
+  done
+  echo "sim stage ended early (its log: $sim_log)" >&2
 }
 
 collection() {
@@ -151,22 +166,37 @@ molecule() {
   done
 }
 
+SIM_LANES=${SIM_LANES:-3}
 # .venv-vllm is mostly downloads and unpacking: built in the background from the start when other stages come
 # before vllm_args (CI time)
 vllm_prepare_pid=
-# With both sim and molecule asked for (in either order), sim's first stream runs molecule once its tests are
-# done (molecule has its own cluster id and address ranges) while the second stream is still running.
-sim_runs_molecule=false
-[[ " ${stages[*]} " != *" sim "* || " ${stages[*]} " != *" molecule "* ]] || sim_runs_molecule=true
+cleanup() {
+  [ -z "$vllm_prepare_pid" ] || kill -TERM -- "-$vllm_prepare_pid" 2>/dev/null || true
+  sim_abort
+}
+trap cleanup EXIT
 if [[ " ${stages[*]} " == *" vllm_args "* ]] && [ "${stages[0]}" != vllm_args ]; then
   mkdir -p "$PWD/.logs"
   # its own process group, so that a failing stage before vllm_args ends the build (pip and all) with the script
   setsid tools/vllm_argcheck.sh --prepare >"$PWD/.logs/vllm-prepare.log" 2>&1 &
   vllm_prepare_pid=$!
-  trap '[ -z "$vllm_prepare_pid" ] || kill -TERM -- "-$vllm_prepare_pid" 2>/dev/null || true' EXIT
+fi
+t_all=$SECONDS
+if [[ " ${stages[*]} " == *" sim "* ]] && [ ${#stages[@]} -gt 1 ]; then
+  [ "$(id -u)" = 0 ] || { echo "the simulated-cluster tests need root (network and mount namespaces)" >&2; exit 1; }
+  t_sim=$SECONDS
+  echo "=== sim: started in the background (${SIM_LANES} lanes; log $sim_log)"
+  sim_start
 fi
 for stage in "${stages[@]}"; do
-  [ "$stage" != molecule ] || ! $sim_runs_molecule || continue
+  if [ "$stage" = sim ] && [ -n "$sim_pid" ]; then
+    continue
+  fi
   timed "$stage" "$stage"
 done
-echo "make test: all stages passed (${stages[*]})"
+if [ -n "$sim_pid" ]; then
+  echo "=== sim (waiting for it)"
+  sim_wait
+  echo "=== sim: ok in $((SECONDS - t_sim))s"
+fi
+echo "make test: all stages passed (${stages[*]}) in $((SECONDS - t_all))s"

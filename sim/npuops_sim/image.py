@@ -6,6 +6,7 @@ Cached outside the repository (`SIM_CACHE`, default /var/cache/npuops-sim): the 
 the package list, the image on the root plus the simulator files, so a rebuild happens only when one
 of them changes.
 """
+import fcntl
 import glob
 import hashlib
 import io
@@ -125,7 +126,15 @@ def base_rootfs(log):
 
 
 def ensure(log=print):
-    """Make sure the sim image exists in the shared store; returns its full name. Idempotent."""
+    """Make sure the sim image exists in the shared store; returns its full name. Idempotent, and one at a time:
+    clusters coming up side by side (test lanes) share the store."""
+    os.makedirs(paths.root(), exist_ok=True)
+    with open(os.path.join(paths.root(), "image.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure(log)
+
+
+def _ensure(log):
     write_store_config()
     base, base_key = base_rootfs(log)
     files = image_files()

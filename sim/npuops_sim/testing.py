@@ -9,11 +9,26 @@ import sys
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.path.dirname(sys.executable)
-# NPUOPS_TEST_SIM_ID / _MGMT_NET / _FABRIC_NET move the tests' cluster elsewhere (a second checkout testing on
-# the same machine); SIM_ROOT (read by the simulator itself) gives it its own state and image store too.
-TEST_ENV = {"SIM_ID": os.environ.get("NPUOPS_TEST_SIM_ID", "npst"),
-            "SIM_MGMT_NET": os.environ.get("NPUOPS_TEST_MGMT_NET", "10.223.0.0/24"),
-            "SIM_FABRIC_NET": os.environ.get("NPUOPS_TEST_FABRIC_NET", "10.224.0.0/20")}
+
+
+def lane_env(environ=None):
+    """The cluster id and address ranges of this test process. Each pytest-xdist worker (gw0, gw1, ...) is a lane
+    with its own id and ranges, so lanes running side by side never touch each other's cluster, nor a cluster
+    `make sim-up` made; NPUOPS_TEST_SIM_ID / _MGMT_NET / _FABRIC_NET override them (a second checkout testing on
+    the same machine). SIM_ROOT (read by the simulator itself) gives a checkout its own state and image store."""
+    environ = os.environ if environ is None else environ
+    worker = environ.get("PYTEST_XDIST_WORKER", "gw0")
+    lane = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    if lane > MAX_LANE:
+        raise ValueError("test lane %s: at most %d lanes have address ranges of their own" % (worker, MAX_LANE + 1))
+    return {"SIM_ID": environ.get("NPUOPS_TEST_SIM_ID", "npst" + (str(lane) if lane else "")),
+            "SIM_MGMT_NET": environ.get("NPUOPS_TEST_MGMT_NET", "10.%d.0.0/24" % (223 + 2 * lane)),
+            "SIM_FABRIC_NET": environ.get("NPUOPS_TEST_FABRIC_NET", "10.%d.0.0/20" % (224 + 2 * lane))}
+
+
+# lanes take 10.223-10.242 two by two; molecule's scenarios use 10.243/10.244, the benchmarks 10.245/10.246
+MAX_LANE = 9
+TEST_ENV = lane_env()
 
 
 def env():

@@ -1,0 +1,26 @@
+"""Test lanes: `tools/test.sh sim` runs the simulated-cluster tests as pytest-xdist workers that take whole files
+(`--dist loadfile`), each worker a lane with its own cluster id and address ranges (npuops_sim.testing.lane_env).
+A worker is handed the next file in collection order, so the longest files go first: the lanes then finish
+together instead of one lane starting a long file last."""
+
+# Seconds per file in the last measured run (`--durations=0` of the sim stage; approximate, ordering only). Files
+# not listed keep their place after these.
+FILE_SECONDS = {
+    "test_molecule_scenarios.py": 380,
+    "test_deploy_playbook.py": 330,
+    "test_gateway.py": 440,
+    "test_weights_playbook.py": 300,
+    "test_site_playbook.py": 270,
+    "test_status_recover.py": 240,
+    "test_validate_playbook.py": 150,
+    "test_preflight_playbook.py": 150,
+    "test_container_engines.py": 145,
+    "test_monitor_playbook.py": 120,
+    "test_cluster.py": 95,
+    "test_lifecycle.py": 30,
+}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    order = dict((name, -seconds) for name, seconds in FILE_SECONDS.items())
+    items.sort(key=lambda item: order.get(item.path.name, 0))  # stable: a file's tests keep their order
