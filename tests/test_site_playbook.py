@@ -166,6 +166,41 @@ def test_site_run_again_unchanged_changes_nothing_restarts_nothing_and_moves_no_
     assert started(cluster) == before
 
 
+CHANGE = {"npuops_model_overrides": {"weights_bytes": 4000000000, "max_num_seqs": 8}}
+
+
+def site_run(cluster, *extra):
+    return run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/site.yml"] + list(extra), check=False,
+               timeout=900)
+
+
+def test_a_change_refused_for_lack_of_downtime_stops_no_engine(cluster, site, tmp_path):
+    """site.yml refuses a change that would restart the only serving instance; its failure path must not stop the
+    engines it would have restarted: every one serves on, with the same start time."""
+    before = started(cluster)
+    assert all(" running " in s for s in before.values()), before
+    proc = site_run(cluster, "--skip-tags", "bench,monitor", "-e", json.dumps(dict(
+        CHANGE, npuops_reports_dir=str(tmp_path))))
+    assert proc.returncode != 0 and "the update interrupts service" in proc.stdout, proc.stdout[-3000:]
+    assert started(cluster) == before
+
+
+def test_a_bench_failure_after_a_restart_leaves_the_restarted_engines_serving(cluster, site, tmp_path):
+    """The change is allowed and rolled out; the bench then fails: the engines this run restarted came up and serve,
+    so the failure is reported and they keep serving."""
+    before = started(cluster)
+    proc = site_run(cluster, "--skip-tags", "monitor", "-e", json.dumps(dict(
+        CHANGE, npuops_rollout_allow_downtime=True, npuops_bench_matrix="no-such-matrix",
+        npuops_reports_dir=str(tmp_path))))
+    assert proc.returncode != 0 and "no-such-matrix is not one of npuops_bench_matrices" in proc.stdout, \
+        proc.stdout[-3000:]
+    after = started(cluster)
+    assert all(after[n] != before[n] and " running " in after[n] for n in after), after
+    status = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/status.yml", "-e", json.dumps(CHANGE)],
+                 check=False, timeout=300)
+    assert status.returncode == 0 and "service: healthy" in status.stdout, status.stdout[-3000:]
+
+
 def test_a_foreign_listener_on_a_tier_port_still_fails_preflight_naming_the_process(cluster, tmp_path):
     run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/stop.yml"], timeout=300)
     sim("fault", "--node", "1", "--fault", "port_busy", "--port", "8000")
