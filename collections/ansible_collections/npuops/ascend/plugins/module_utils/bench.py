@@ -16,6 +16,7 @@ __metaclass__ = type
 
 import json
 import math
+import re
 import statistics
 import threading
 import time
@@ -175,6 +176,41 @@ def planned(point):
     return {"requests": int(point["num_prompts"]), "sessions": None}
 
 
+# vllm bench serve reads the key from OPENAI_API_KEY (vllm/benchmarks/lib/endpoint_request_func.py); here it is
+# read from standard input inside the container, so it is on no command line and in no host process's environment
+KEY_FROM_STDIN = 'IFS= read -r OPENAI_API_KEY; export OPENAI_API_KEY; exec "$@"'
+
+
+def exec_argv(cli, container, argv, api_key=None):
+    """-> (args, kwargs) of run_command for `argv` in the container: with a key, `exec -i` and the key on stdin."""
+    if not api_key:
+        return [cli, "exec", container] + list(argv), {}
+    return [cli, "exec", "-i", container, "sh", "-c", KEY_FROM_STDIN, "sh"] + list(argv), {"data": api_key}
+
+
+UNAUTHORIZED = re.compile(r"Unauthorized|\b401\b")
+KEY_REFUSED = ("every request was refused with 401 Unauthorized by %s: the API key (npuops_serve_api_key) is not the "
+               "one the service was started with")
+
+
+def check_access(client, model):
+    """One one-token completion before any point: a wrong key fails here, at once, naming it (vllm bench serve would
+    retry its initial test request for --ready-check-timeout-sec, 600 s by default, then say only its reason)."""
+    try:
+        client.post("/v1/completions", {"model": model, "prompt": "1", "max_tokens": 1})
+    except ApiError as e:
+        if e.status == 401:
+            raise ApiError(KEY_REFUSED % client.base, 401)
+        raise
+
+
+def refused_by_key(result):
+    """True when a point sent requests and every one was refused with 401 (a wrong or missing API key): vLLM's bench
+    records the HTTP reason ("Unauthorized"), our multi-turn driver the status."""
+    errors = [e for e in result.get("errors") or [] if e]
+    return not result.get("completed") and bool(errors) and all(UNAUTHORIZED.search(e) for e in errors)
+
+
 def run_point(point, client, model, exec_in_container, result_dir, metrics_clients, tokenizer=None):
     """Run one point. `exec_in_container(argv) -> (rc, out, err)` runs a command in the engine container."""
     base_url = client.base
@@ -182,6 +218,9 @@ def run_point(point, client, model, exec_in_container, result_dir, metrics_clien
     if point["kind"] == "random":
         filename = "%s.json" % point["name"]
         rc, out, err = exec_in_container(random_argv(point, base_url, model, result_dir, filename, tokenizer))
+        if rc != 0 and UNAUTHORIZED.search((err or "") + (out or "")):
+            # vllm bench serve ends at its initial test request when that is refused ("Initial test run failed")
+            raise ApiError(KEY_REFUSED % base_url, 401)
         if rc != 0:
             raise ApiError("vllm bench serve failed for %s (rc=%d): %s" % (point["name"], rc, (err or out)[-800:]))
         rc, out, err = exec_in_container(["cat", "%s/%s" % (result_dir, filename)])
@@ -192,6 +231,8 @@ def run_point(point, client, model, exec_in_container, result_dir, metrics_clien
         result = multi_turn(client, model, point)
     else:
         raise ApiError("unknown point kind %r (random or multi_turn)" % point["kind"])
+    if refused_by_key(result):
+        raise ApiError(KEY_REFUSED % base_url, 401)
     after = prefix_counters(metrics_clients)
     result["npuops"] = {"point": point, "planned": planned(point), "prefix_cache_hit_rate": hit_rate(before, after),
                         "external_prefix_cache_hit_rate": hit_rate(before, after, "external_")}

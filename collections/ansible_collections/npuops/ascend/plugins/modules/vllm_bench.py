@@ -24,8 +24,10 @@ description:
   - Every result also carries C(npuops.planned) (the requests and sessions the point meant to send) and
     C(npuops.prefix_cache_hit_rate), from the prefix-cache counters of O(metrics_from) read before and after
     the point.
-  - The API key reaches C(vllm bench serve) from the container's own environment (C(VLLM_API_KEY)), never on
-    a command line.
+  - The API key reaches C(vllm bench serve) on the standard input of C(<engine> exec -i), which exports it as
+    C(OPENAI_API_KEY) inside the container: it is on no command line and in no environment of a process on the
+    host (the engine's own key is a mounted secret that C(exec) does not see).
+  - A point whose every request is refused with 401 fails naming the API key, not only the counts.
   - C(vllm bench serve) loads its tokenizer before the first request, from C(--tokenizer) or else from
     C(--model), so set O(tokenizer) to the model directory (a served name is no tokenizer).
   - C(vllm bench serve) forces C(ignore_eos) for the random dataset, so a V(random) point with
@@ -202,13 +204,16 @@ def main():
         cli = module.get_bin_path(p["engine"], required=True)
 
         def exec_in_container(argv):
-            # the key comes from the container's own environment: nothing secret on a command line
-            shell = 'OPENAI_API_KEY="${VLLM_API_KEY:-}" exec "$@"'
-            return module.run_command([cli, "exec", p["container"], "sh", "-c", shell, "sh"] + argv)
+            args, kwargs = bench.exec_argv(cli, p["container"], argv, p["api_key"])
+            return module.run_command(args, **kwargs)
 
     tokenizer = {"path": p["tokenizer"], "mode": p["tokenizer_mode"], "trust_remote_code": p["trust_remote_code"]}
     client = Client(p["url"], p["api_key"], timeout=p["timeout"])
     metrics_clients = [Client(u, p["api_key"], timeout=30) for u in (p["metrics_from"] or [p["url"]])]
+    try:
+        bench.check_access(client, p["model"])
+    except ApiError as e:
+        module.fail_json(msg="the benchmark cannot use %s: %s" % (p["url"], e), results=[], planned=planned)
     results = []
     for point in p["points"]:
         try:

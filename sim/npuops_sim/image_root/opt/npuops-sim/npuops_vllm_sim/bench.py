@@ -105,9 +105,32 @@ def one(base, endpoint, model, prompt, out_len, ignore_eos, api_key):
         res["success"] = last is not None
         if not res["success"]:
             res["error"] = "Never received a valid chunk to calculate TTFT.This response will be marked as failed!"
+    except urllib.error.HTTPError as e:
+        res["error"] = e.reason or ""  # vLLM: output.error = response.reason (benchmarks/lib/endpoint_request_func.py)
     except (urllib.error.URLError, OSError, ValueError) as e:
         res["error"] = str(e)
     return res
+
+
+def initial_test(base, endpoint, served, prompt, output_len, ignore_eos, api_key, timeout, interval=5):
+    """vLLM's initial test run (benchmarks/serve.py, lib/ready_checker.py wait_for_endpoint): one request, retried
+    every 5 s until it succeeds or --ready-check-timeout-sec ends; then the run stops with its error."""
+    if timeout <= 0:
+        print("Skipping endpoint ready check.")
+        return
+    deadline = time.perf_counter() + timeout
+    print("Waiting for endpoint to become up in %d seconds" % timeout)
+    while True:
+        out = one(base, endpoint, served, prompt, output_len, ignore_eos, api_key)
+        if out["success"]:
+            print("Initial test run completed.")
+            return
+        print("WARNING Endpoint is not ready. Error='%s'" % str(out["error"]).rstrip().rsplit("\n", 1)[-1])
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            raise SystemExit("ValueError: Initial test run failed - Please make sure benchmark arguments are "
+                             "correctly specified. Error: %s" % out["error"])
+        time.sleep(min(interval, remaining))
 
 
 def run(args):
@@ -138,6 +161,8 @@ def run(args):
             with lock:
                 state["active"] -= 1
 
+    initial_test(base, args.endpoint, served, prompts[0], args.random_output_len, args.ignore_eos, api_key,
+                 args.ready_check_timeout_sec)
     print("Starting main benchmark run: %d prompts, concurrency %s" % (len(prompts), args.max_concurrency))
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]

@@ -128,3 +128,71 @@ def test_pulled_kv_is_counted_apart_from_prefix_cache_hits():
     after = bench.prefix_counters([FakeMetrics(prefill), FakeMetrics(decode)])
     assert bench.hit_rate(zero, after) == 0.65
     assert bench.hit_rate(zero, after, "external_") == round(1000 / 1350.0, 4)
+
+
+def test_the_key_travels_on_stdin_and_is_exported_to_the_bench_only():
+    """The shell the module starts in the container reads the key from stdin and exports it: run here with `env`
+    for the engine CLI's `exec -i <container>`, the argv holds no key and the bench's environment does."""
+    import subprocess
+    secret = "sk-bench-stdin-7a1"
+    args, kwargs = bench.exec_argv("env", "ctr", ["printenv", "OPENAI_API_KEY"], secret)
+    assert secret not in json.dumps(args) and args[:3] == ["env", "exec", "-i"]
+    shell = args[args.index("sh"):]  # what `exec -i ctr` runs inside the container
+    out = subprocess.run(shell, input=kwargs["data"] + "\n", capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == secret
+    assert bench.exec_argv("docker", "ctr", ["cat", "x"]) == (["docker", "exec", "ctr", "cat", "x"], {})
+
+
+@pytest.mark.parametrize("errors, refused", [
+    (["Unauthorized"] * 4, True),  # vllm bench serve: output.error = response.reason
+    (["HTTP 401: Unauthorized"] * 2, True),  # our multi-turn driver (ApiError)
+    (["Unauthorized", "HTTP 500: boom"], False),
+    (["", ""], False),
+])
+def test_a_point_refused_with_401_is_named(errors, refused):
+    assert bench.refused_by_key({"completed": 0, "failed": len(errors), "errors": errors}) is refused
+    assert bench.refused_by_key({"completed": 1, "failed": len(errors), "errors": errors}) is False
+
+
+def test_run_point_fails_naming_the_key_when_every_request_got_401():
+    class Refusing(FakeEndpoint):
+        base = "http://10.0.0.1:8000"
+
+        def stream(self, path, body):
+            raise bench.ApiError("HTTP 401: Unauthorized", 401)
+    point = dict(POINT, sessions=2, turns=2)
+    with pytest.raises(bench.ApiError, match="401 Unauthorized by http://10.0.0.1:8000: the API key"):
+        bench.run_point(point, Refusing(), "m", None, "/tmp", [])
+
+
+def test_a_random_point_whose_initial_request_is_refused_fails_naming_the_key():
+    """vllm bench serve sends one test request first and exits when it fails (its error is the HTTP reason)."""
+    class Endpoint(object):
+        base = "http://10.0.0.1:8000"
+
+    def refused(argv):
+        return 1, "", "ValueError: Initial test run failed - Please make sure benchmark arguments are correctly " \
+                      "specified. Error: Unauthorized"
+    point = {"name": "random-c2", "kind": "random", "concurrency": 2, "input_len": 8, "output_len": 4,
+             "num_prompts": 2, "ignore_eos": True}
+    with pytest.raises(bench.ApiError, match="401 Unauthorized by http://10.0.0.1:8000: the API key"):
+        bench.run_point(point, Endpoint(), "m", refused, "/tmp", [])
+
+
+def test_the_access_check_names_the_key_on_401_and_passes_other_errors_on():
+    class Endpoint(object):
+        base = "http://10.0.0.1:8000"
+
+        def __init__(self, status):
+            self.status = status
+
+        def post(self, path, body):
+            assert path == "/v1/completions" and body["max_tokens"] == 1
+            if self.status:
+                raise bench.ApiError("HTTP %d: nope" % self.status, self.status)
+            return {}, 0.01
+    bench.check_access(Endpoint(None), "m")
+    with pytest.raises(bench.ApiError, match="401 Unauthorized by http://10.0.0.1:8000: the API key"):
+        bench.check_access(Endpoint(401), "m")
+    with pytest.raises(bench.ApiError, match="HTTP 503: nope"):
+        bench.check_access(Endpoint(503), "m")
