@@ -102,3 +102,31 @@ def test_plan_refuses_an_image_whose_vllm_lacks_the_presets_parsers(tmp_path):
     for field in ("reasoning_parser: kimi_k3", "tool_call_parser: kimi_k3", "tokenizer_mode: kimi_k3"):
         assert field in out
     assert "vLLM 0.23.0" in out and "^main(-|$)" in out
+
+
+def test_a_misspelt_setting_a_shared_address_and_a_host_in_two_instances_are_named(tmp_path):
+    """Three mistakes that passed plan.yml before: a misspelt key setting (the service then ran without a key), two
+    hosts with one ansible_host (preflight later blamed the devices), a host in two instance groups with the counts
+    balanced (it silently joined the later one). One run names all three."""
+    inv = tmp_path / "hosts.yml"
+    hosts = dict(("a3-node-%02d" % i, "{ansible_host: 192.168.100.%d, npuops_node_ip: 192.168.100.%d, "
+                  "npuops_nic: enp189s0f0}" % (10 + i, 10 + i)) for i in range(1, 9))
+    hosts["a3-node-03"] = "{ansible_host: 192.168.100.12, npuops_node_ip: 192.168.100.13, npuops_nic: enp189s0f0}"
+    members = {"a": ["a3-node-01", "a3-node-02", "a3-node-03", "a3-node-04", "a3-node-05"],
+               "b": ["a3-node-04", "a3-node-06", "a3-node-07", "a3-node-08"]}
+    lines = ["all:", "  vars:", "    npuops_tier: 4node_dp", "    npuops_model: kimi_k3_w4a8",
+             "    npuops_model_dir: /data/models/k3", "    npuops_image: quay.io/ascend/vllm-ascend:main-a3",
+             "    npuops_servce_api_key: sk-0123456789", "  children:", "    npu_nodes:", "      children:"]
+    for name in ("a", "b"):
+        lines += ["        instance_%s:" % name, "          vars: {npuops_instance: %s}" % name, "          hosts:"]
+        lines += ["            %s: %s" % (h, hosts[h]) for h in members[name]]
+    inv.write_text("\n".join(lines) + "\n")
+    proc = run([BIN + "/ansible-playbook", "-i", str(inv), "playbooks/plan.yml", "-e", "plan_output=%s" %
+                (tmp_path / "plan.json")], check=False)
+    text = proc.stdout
+    assert proc.returncode != 0 and text.count("fatal:") == 1, text[-3000:]
+    assert "npuops_servce_api_key is not an npuops variable (nothing reads it); did you mean npuops_serve_api_key?" \
+        in text
+    assert "hosts a3-node-02 and a3-node-03 have the same ansible_host 192.168.100.12" in text
+    assert "host a3-node-04 is in group instance_a (instance a) and in instance_b" in text
+    assert "sk-0123456789" not in text  # the value of a misspelt secret is not shown either

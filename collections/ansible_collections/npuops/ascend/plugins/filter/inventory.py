@@ -12,6 +12,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import difflib
 import ipaddress
 import re
 
@@ -141,7 +142,7 @@ def _instance_problems(tier, name, members, groups, hostvars):
     return problems
 
 
-def validate(groups, hostvars, presets, booleans=(), numbers=(), tiers=None):
+def validate(groups, hostvars, presets, tiers=None):
     """-> list of problem strings (empty when the inventory is fine)."""
     tiers = catalog.tiers() if tiers is None else tiers
     problems = []
@@ -149,6 +150,8 @@ def validate(groups, hostvars, presets, booleans=(), numbers=(), tiers=None):
     if not nodes:
         return ["the inventory has no hosts in group npu_nodes; put every NPU server in npu_nodes"]
     first = nodes[0]
+    problems.extend(variable_problems(sorted(set(nodes) | set(groups.get(topology.GATEWAY_GROUP, []))), hostvars,
+                                      tiers))
     for name in CLUSTER_WIDE:
         problems.extend(_differs(nodes, hostvars, name, ""))
     tier_name = hostvar(hostvars, first, "npuops_tier")
@@ -210,6 +213,8 @@ def validate(groups, hostvars, presets, booleans=(), numbers=(), tiers=None):
                                 "pick another" % (proxy["port"], name, proxy["host"]))
 
     problems.extend(gateway_problems(groups, hostvars, nodes, topology.instances_of(groups, hostvars)))
+    problems.extend(address_problems(sorted(set(nodes) | set(groups.get(topology.GATEWAY_GROUP, []))), hostvars))
+    problems.extend(instance_group_problems(groups, hostvars, nodes, tier))
 
     seen_ip, seen_fabric = {}, {}
     for h in nodes:
@@ -236,16 +241,6 @@ def validate(groups, hostvars, presets, booleans=(), numbers=(), tiers=None):
                                 % (h, fabric, seen_fabric[fabric]))
             else:
                 seen_fabric[fabric] = h
-        for name in booleans:
-            value = hostvar(hostvars, h, name)
-            p = values.bool_problem(h, name, value) if value is not None else None
-            if p:
-                problems.append(p)
-        for name in numbers:
-            value = hostvar(hostvars, h, name)
-            p = values.number_problem(h, name, value, 0) if value is not None else None
-            if p:
-                problems.append(p)
         overrides = hostvar(hostvars, h, "npuops_vllm_overrides", {})
         if not isinstance(overrides, dict):
             problems.append("host %s: npuops_vllm_overrides = %r must be a mapping of vllm serve options" % (h, overrides))
@@ -254,6 +249,51 @@ def validate(groups, hostvars, presets, booleans=(), numbers=(), tiers=None):
                 if key not in vllm_cli.FLAGS:
                     problems.append("host %s: npuops_vllm_overrides: unknown vllm serve option %r%s"
                                     % (h, key, vllm_cli.closest(key)))
+    return problems
+
+
+def address_problems(hosts, hostvars):
+    """Two hosts with one ansible_host are one machine: every stage would run twice there and never on the other."""
+    seen, problems = {}, []
+    for h in hosts:
+        seen.setdefault(str(hostvar(hostvars, h, "ansible_host", h)), []).append(h)
+    for address, hs in sorted(seen.items()):
+        if len(hs) > 1:
+            problems.append("hosts %s have the same ansible_host %s: Ansible would reach one machine for all of them; "
+                            "give each its own address" % (" and ".join(hs), address))
+    return problems
+
+
+# groups that are no instance: the inventory's structure and the tiers' role groups (prefill/decode span instances)
+STRUCTURAL_GROUPS = ("all", "ungrouped", "npu_nodes", topology.GATEWAY_GROUP)
+
+
+def instance_group_problems(groups, hostvars, nodes, tier):
+    """A host listed in two instance groups (instance_a: {vars: {npuops_instance: a}} and instance_b) gets the
+    npuops_instance of whichever group Ansible merges last, silently. Seen from the hosts: a group whose hosts
+    name one instance, all of that instance's hosts, plus a host that names another; that host is in two."""
+    skip = set(STRUCTURAL_GROUPS) | set(g.get("inventory_group", "npu_nodes") for g in (tier or {}).get("groups", []))
+    named = dict((h, hostvar(hostvars, h, "npuops_instance")) for h in nodes)
+    members = {}
+    for h, inst in named.items():
+        members.setdefault(inst, set()).add(h)
+    problems = []
+    for group, hosts in sorted(groups.items()):
+        hosts = [h for h in hosts if h in named]
+        if group in skip or len(hosts) < 2:
+            continue
+        counts = {}
+        for h in hosts:
+            counts[named[h]] = counts.get(named[h], 0) + 1
+        owner = max(counts, key=counts.get)
+        if len(counts) < 2 or counts[owner] * 2 <= len(hosts) or members[owner] - set(hosts):
+            continue
+        for h in hosts:
+            if named[h] != owner:
+                other = [g for g, gh in sorted(groups.items()) if g not in skip and g != group and h in gh]
+                problems.append("host %s is in group %s (instance %s) and in %s, so Ansible gave it npuops_instance %s; "
+                                "a host belongs to one instance: remove it from one group"
+                                % (h, group, owner, " and ".join(other) or "another group", named[h]))
     return problems
 
 
@@ -329,8 +369,90 @@ def gateway_problems(groups, hostvars, nodes, instances):
     return problems
 
 
-def validate_inventory(groups, hostvars, presets, booleans=(), numbers=()):
-    return validate(groups, hostvars, presets, booleans, numbers)
+def port_variables(tiers):
+    """The port variables the tier documents make (npuops_<port>_port, npuops_<group>_kv_port), and the proxy's;
+    the validator checks their ranges per instance."""
+    names = {"npuops_proxy_port", "npuops_gateway_port"}
+    for tier in tiers.values():
+        names.update(topology.port_variable(name) for name in tier.get("ports") or {})
+        names.update(topology.kv_port_variable(g) for g in tier["groups"] if g.get("kv_role"))
+    return names
+
+
+def known_variables(tiers):
+    """Every npuops_* variable something reads: the roles' options and their own variables (catalog), and the port
+    variables of the tier documents."""
+    return set(catalog.role_options()) | catalog.role_variables() | port_variables(tiers)
+
+
+def _where(hosts):
+    return ("host %s" if len(hosts) == 1 else "hosts %s") % ", ".join(hosts)
+
+
+def type_problem(name, value, spec):
+    """What is wrong with an option's value against its argument spec (type, choices), or None. Strings that
+    Ansible converts (`-e name=false`, `-e port=8000`) are accepted as the role's argument validation does."""
+    kind = spec.get("type", "str")
+    if kind == "bool":
+        try:
+            values.to_bool(value)
+        except ValueError:
+            return ("%s = %r is not a boolean; write true or false (in YAML, or JSON on the command line: "
+                    "-e '{\"%s\": false}')" % (name, value, name))
+    elif kind in ("int", "float"):
+        try:
+            number = values.to_number(value, int if kind == "int" else float)
+        except ValueError:
+            return "%s = %r is not %s" % (name, value, "an integer" if kind == "int" else "a number")
+        if number < 0:
+            return "%s = %s must not be negative" % (name, number)
+    elif kind == "dict" and not isinstance(value, dict):
+        return "%s = %r must be a mapping" % (name, value)
+    elif kind == "list" and not isinstance(value, (list, tuple)):
+        return "%s = %r must be a list" % (name, value)
+    elif kind in ("str", "path") and not isinstance(value, (str, int, float)):
+        return "%s = %r must be a string" % (name, value)
+    if spec.get("choices") and value not in spec["choices"]:
+        return "%s = %r must be one of %s" % (name, value, ", ".join(str(c) for c in spec["choices"]))
+    return None
+
+
+def variable_problems(hosts, hostvars, tiers):
+    """Unknown npuops_* variables (a misspelt setting is silently ignored otherwise: npuops_servce_api_key leaves
+    the service without a key), each with the closest known name, as kubespray refuses removed variables; values of
+    the wrong type for their role's argument spec; an empty API key. Each problem once, naming its hosts."""
+    ports = port_variables(tiers)
+    options = dict((k, v) for k, v in catalog.role_options().items() if k not in ports)
+    known = known_variables(tiers)
+    unknown, wrong = {}, {}
+    for h in hosts:
+        try:
+            names = sorted(n for n in hostvars[h].keys() if str(n).startswith("npuops_"))
+        except (KeyError, AttributeError):
+            continue
+        for name in names:
+            value = hostvar(hostvars, h, name)
+            if name not in known:
+                unknown.setdefault(name, []).append(h)
+            elif name == "npuops_serve_api_key" and value is not None and not str(value).strip():
+                wrong.setdefault("npuops_serve_api_key is empty: set the key the service is to require (from a vault), "
+                                 "or leave the variable out for a service without one", []).append(h)
+            elif name in options and value is not None:
+                p = type_problem(name, value, options[name])
+                if p:
+                    wrong.setdefault(p, []).append(h)
+    problems = []
+    for name, where in sorted(unknown.items()):
+        close = difflib.get_close_matches(name, sorted(known), 1, 0.75)
+        problems.append("%s: %s is not an npuops variable (nothing reads it)%s" % (
+            _where(where), name, "; did you mean %s?" % close[0] if close else
+            "; correct or remove it (docs/inventory.md lists the variables)"))
+    problems.extend("%s: %s" % (_where(where), p) for p, where in sorted(wrong.items()))
+    return problems
+
+
+def validate_inventory(groups, hostvars, presets):
+    return validate(groups, hostvars, presets)
 
 
 def tier_document(name):

@@ -37,16 +37,6 @@ def to_number(value, kind=int):
     raise ValueError("%r is not %s" % (value, "an integer" if kind is int else "a number"))
 
 
-def bool_problem(host, name, value):
-    """The validator's message for a value that is no boolean, or None."""
-    try:
-        to_bool(value)
-        return None
-    except ValueError:
-        return ("host %s: %s = %r is not a boolean; write true or false (in YAML, or JSON on the command line: "
-                "-e '{\"%s\": false}')" % (host, name, value, name))
-
-
 def number_problem(host, name, value, minimum=None, maximum=None, kind=int):
     try:
         n = to_number(value, kind)

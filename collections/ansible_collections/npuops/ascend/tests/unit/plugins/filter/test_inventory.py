@@ -9,8 +9,6 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.npuops.ascend.plugins.filter import inventory as inv
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory
 
-BOOLEANS = ["npuops_preflight_strict", "npuops_serve_privileged"]
-NUMBERS = ["npuops_serve_ready_timeout"]
 
 
 def good(n=4, tier="4node_dp"):
@@ -37,7 +35,7 @@ def two_instances(n_per=4, tier="4node_dp"):
 
 
 def check(groups, hv, presets):
-    return inv.validate_inventory(groups, hv, presets, BOOLEANS, NUMBERS)
+    return inv.validate_inventory(groups, hv, presets)
 
 
 def test_a_good_inventory_has_no_problems(presets):
@@ -54,11 +52,11 @@ def test_every_problem_is_reported_at_once_with_host_value_and_fix(presets):
     hv["node01"]["npuops_fabric_ip"] = "fast"
     problems = check(groups, hv, presets)
     assert len(problems) == 4, problems
-    assert "host node01: npuops_fabric_ip = 'fast' is not an IPv4 address" in problems[0]
-    assert "host node02: npuops_node_ip 10.0.0.11 is also the address of node01" in problems[1]
-    assert "host node03: npuops_nic = None must name the interface" in problems[2]
-    assert "host node04: npuops_preflight_strict = 'flase' is not a boolean" in problems[3]
-    assert "-e '{\"npuops_preflight_strict\": false}'" in problems[3]
+    assert "host node04: npuops_preflight_strict = 'flase' is not a boolean" in problems[0]
+    assert "host node01: npuops_fabric_ip = 'fast' is not an IPv4 address" in problems[1]
+    assert "host node02: npuops_node_ip 10.0.0.11 is also the address of node01" in problems[2]
+    assert "host node03: npuops_nic = None must name the interface" in problems[3]
+    assert "-e '{\"npuops_preflight_strict\": false}'" in problems[0]
 
 
 def test_the_strings_that_mean_true_or_false_are_accepted_others_are_not(presets):
@@ -180,3 +178,58 @@ def test_pd_instances_need_their_own_proxy_hosts(presets):
 
 def test_no_npu_nodes_group(presets):
     assert "no hosts in group npu_nodes" in inv.validate_inventory({}, {}, presets)[0]
+
+
+def test_a_misspelt_variable_is_named_with_the_closest_known_one(presets):
+    groups, hv = good()
+    for h in hv:
+        hv[h]["npuops_servce_api_key"] = "sk-1234567890"  # a group variable, misspelt
+    hv["node03"]["npuops_frobnicate_the_zorp"] = 1
+    assert check(groups, hv, presets) == [
+        "host node03: npuops_frobnicate_the_zorp is not an npuops variable (nothing reads it); correct or remove it "
+        "(docs/inventory.md lists the variables)",
+        "hosts node01, node02, node03, node04: npuops_servce_api_key is not an npuops variable (nothing reads it); "
+        "did you mean npuops_serve_api_key?"]
+
+
+def test_every_option_of_every_role_and_every_tier_port_is_known(presets):
+    """What the roles declare (argument specs), define or set, and the tiers' port variables are all accepted."""
+    from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
+    groups, hv = good()
+    names = set(catalog.role_options()) | {"npuops_prefill_kv_port", "npuops_hccl_host_base_port", "npuops_plan"}
+    assert "npuops_serve_api_key" in names and "npuops_weights_hub_token" in names
+    assert [p for p in inv.variable_problems(["node01"], {"node01": dict((n, None) for n in names)},
+                                             inv.catalog.tiers()) if "not an npuops variable" in p] == []
+
+
+def test_an_empty_api_key_is_refused(presets):
+    groups, hv = good()
+    for h in hv:
+        hv[h]["npuops_serve_api_key"] = ""
+    assert check(groups, hv, presets) == [
+        "hosts node01, node02, node03, node04: npuops_serve_api_key is empty: set the key the service is to require "
+        "(from a vault), or leave the variable out for a service without one"]
+
+
+def test_two_hosts_with_one_ansible_host_are_named_both(presets):
+    groups, hv = good()
+    for i, h in enumerate(sorted(hv)):
+        hv[h]["ansible_host"] = "192.168.1.%d" % (11 + i)
+    hv["node03"]["ansible_host"] = "192.168.1.12"
+    problems = check(groups, hv, presets)
+    assert problems == ["hosts node02 and node03 have the same ansible_host 192.168.1.12: Ansible would reach one "
+                        "machine for all of them; give each its own address"]
+
+
+def test_a_host_in_two_instance_groups_is_named_even_when_the_counts_balance(presets):
+    groups, hv = two_instances()
+    groups["instance_a"] = groups["npu_nodes"][:4]
+    groups["instance_b"] = groups["npu_nodes"][4:]
+    # node04 listed under instance_b too (Ansible gives it b), node05 left out of instance_b: the counts still balance
+    groups["instance_b"] = ["node04"] + groups["npu_nodes"][5:]
+    groups["instance_a"].append("node05")
+    hv["node04"]["npuops_instance"], hv["node05"]["npuops_instance"] = "b", "a"
+    problems = [p for p in check(groups, hv, presets) if "instance" in p]
+    assert problems == [
+        "host node04 is in group instance_a (instance a) and in instance_b, so Ansible gave it npuops_instance b; a "
+        "host belongs to one instance: remove it from one group"], problems
