@@ -172,3 +172,22 @@ def test_plan_playbook_shows_what_runs_without_touching_nodes(cluster, tmp_path)
     plan = json.loads(out.read_text())
     argv = cluster.ssh("node02", "podman inspect vllm --format '{{json .Config.Cmd}}'").stdout
     assert json.loads(argv) == plan["hosts"]["node02"]["container"]["argv"]
+
+
+def test_a_foreign_container_named_vllm_is_refused_by_deploy_and_stop_and_keeps_running(cluster):
+    """An operator's own container named vllm on node02 (no npuops label): deploy.yml, which runs no preflight,
+    refuses naming node02 and the container, and so does stop.yml; the container runs on untouched."""
+    cluster.ssh("node02", "podman rm -f vllm >/dev/null; podman run -d --name vllm --network host "
+                          "localhost/npuops-sim/vllm-ascend:main-a3 sleep 600")
+    foreign = cluster.started(["node02"])["node02"]
+    try:
+        for name, extra in (("deploy", CHANGE + DOWNTIME), ("stop", [])):
+            out = run([BIN + "/ansible-playbook", "-i", cluster.inventory] + extra + ["playbooks/%s.yml" % name],
+                      check=False, timeout=600)
+            assert out.returncode != 0, out.stdout[-3000:]
+            assert re.search(r"\[node02\].*a container named vllm that npuops did not make is here \(image "
+                             r"localhost/npuops-sim/vllm-ascend:main-a3, running\)", out.stdout, re.S), \
+                out.stdout[-3000:]
+            assert cluster.started(["node02"])["node02"] == foreign and " running " in foreign
+    finally:
+        cluster.ssh("node02", "podman rm -f vllm", check=False)

@@ -1,4 +1,5 @@
-"""status.yml and recover.yml on a 4-node simulated cluster, as a platform polls them: the verdict per instance
+"""status.yml and recover.yml on a 2-node simulated cluster (a leader and a headless worker: what status and recover
+do is the same for every tier), as a platform polls them: the verdict per instance
 (exit code and the stats), in bounded time whatever is broken; recover brings back exactly what is down."""
 import re
 import time
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.sim
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = bring_up(tmp_path_factory, 4)
+    c = bring_up(tmp_path_factory, 2)
     sim("weights", "--node", "1", "--size", "64M", "--files", "2")
     for name in ("weights", "deploy"):
         run([BIN + "/ansible-playbook", "-i", c.inventory, "playbooks/%s.yml" % name], timeout=600)
@@ -41,11 +42,11 @@ def test_a_healthy_service_is_healthy_and_exits_0(cluster, tmp_path):
     assert rc == 0 and took < 60, out[-3000:]
     assert status["healthy"] is True and status["state"] == "healthy"
     assert status["instances"]["main"]["state"] == "healthy"
-    assert status["instances"]["main"]["hosts"] == ["node01", "node02", "node03", "node04"]
+    assert status["instances"]["main"]["hosts"] == ["node01", "node02"]
 
 
 @pytest.mark.parametrize("fault,node,expect", [
-    ("stopped", "node03", r"node03: container vllm (exited|stopped)"),
+    ("stopped", "node02", r"node02: container vllm (exited|stopped)"),
     ("engine_hang", "node01", r"no token within 10s through node01"),
     ("engine_wedge", "node01", r"no token within 10s through node01 \(http://[\d.]+:8000\) although /health -> 200 "
                                r"answers \(a wedged engine\)"),

@@ -90,9 +90,10 @@ def test_no_secret_reaches_any_output_argv_label_report_or_file(cluster, tmp_pat
     places = {"output": out, "ps": "\n".join(sampler.seen)}
     for node in ("node01", "node02"):
         places["inspect %s" % node] = cluster.ssh(node, "podman inspect vllm", check=False).stdout
-        places["model dir %s" % node] = cluster.ssh(
-            node, "grep -r -l -a -e %s /srv/models /run/npuops 2>/dev/null; true" % " -e ".join(secrets.values()),
-            check=False).stdout
+        # the model directories, the run directory, Ansible's async job results and /tmp (the copy is async)
+        places["files %s" % node] = cluster.ssh(
+            node, "grep -r -l -a -e %s /srv/models /run/npuops /root/.ansible_async /tmp 2>/dev/null; true"
+            % " -e ".join(secrets.values()), check=False).stdout
     reports = []
     for path in glob.glob(str(tmp_path / "reports" / "**" / "*"), recursive=True):
         if os.path.isfile(path):

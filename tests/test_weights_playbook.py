@@ -16,7 +16,7 @@ from npuops_sim.testing import BIN, REPO, bring_up, env, run, sim
 pytestmark = pytest.mark.sim
 MODEL = "/srv/models/kimi-k3-w4a8"
 FILES = 8
-SIZE = "512M"  # 4 GB in all: long enough to break a copy midway, half the time of 8
+SIZE = "512M"  # in all (8 files of 64 MB): a throttled link makes a copy long enough to break it midway
 
 
 @pytest.fixture(scope="module")
@@ -479,31 +479,6 @@ def scan(c, secret, texts):
                     except OSError:
                         pass
     return found
-
-
-def test_the_weight_token_is_in_no_output_argv_file_or_report(cluster, tmp_path):
-    playbook(cluster)
-    token = "weights-secret-%s" % os.urandom(8).hex()
-    planted = cluster.api.root_of("node04") + MODEL + "/.npuops/planted"
-    with open(planted, "w") as f:
-        f.write(token)
-    assert scan(cluster, token, {}) == ["node04:%s/.npuops/planted" % MODEL]  # the scan would see a leak
-    os.unlink(planted)
-    extra = str(tmp_path / "secret.json")
-    with open(extra, "w") as f:
-        json.dump({"npuops_weights_token": token}, f)
-    wipe(cluster, "node04")
-    samples = []
-    with Throttled(cluster, 400):
-        play = start_playbook(cluster, str(tmp_path / "vvv.log"), "-vvv", "-e", "@" + extra)
-        while play.poll() is None:
-            samples.append(subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout)
-            time.sleep(0.5)
-    out = open(str(tmp_path / "vvv.log")).read()
-    assert play.returncode == 0, out[-3000:]
-    assert any("npuops_weight_server.py serve" in s for s in samples), "ps never saw the servers"
-    assert "weight_sync" in out and "Follow the copies" in out
-    assert scan(cluster, token, {"output at -vvv": out, "ps": "\n".join(samples)}) == []
 
 
 HUB_DOUBLE = r'''#!/usr/bin/python3

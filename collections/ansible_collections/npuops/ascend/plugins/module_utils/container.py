@@ -358,6 +358,17 @@ class Engine(object):
         return (out + err).strip()
 
 
+def ours(state):
+    """The one ownership rule: a container is the service's when npuops made it (it carries the config label).
+    A container of the same name without it belongs to someone else: preflight, status, deploy and stop leave it
+    alone and name it, unless the operator lets npuops take it over."""
+    return bool(state and state.get("hash"))
+
+
+FOREIGN = ("a container named %s that npuops did not make is here (image %s, %s); npuops does not %s it. Remove or "
+           "rename it, or set npuops_takeover: true to let npuops %s it")
+
+
 def describe_container(engine, name, log_lines=20):
     """What status reports of one container: exists, running, status, exit code, start, npuops labels, ours,
     and (when it does not run) the log lines of its last start."""
@@ -366,7 +377,7 @@ def describe_container(engine, name, log_lines=20):
         return {"exists": False, "running": False, "ours": False}
     st = engine.state(info)
     out = {"exists": True, "running": st["running"], "status": st["status"], "exit_code": st["exit_code"],
-           "started_at": st["started_at"], "ours": bool(st["hash"]), "labels": st["labels"], "id": st["id"],
+           "started_at": st["started_at"], "ours": ours(st), "labels": st["labels"], "id": st["id"],
            "log": ""}
     if not st["running"]:
         out["log"] = engine.logs(name, tail=log_lines, since=st["started_at"])
@@ -394,11 +405,12 @@ def transition(current, state, wanted_hash=None, recreate=False):
 
 
 def converge(engine, name, spec, state, recreate=False, wait=None, check_mode=False, secret_dir="/run/npuops",
-             key_path=DIGEST_KEY, waiter=None, stop_timeout=30):
+             key_path=DIGEST_KEY, waiter=None, stop_timeout=30, takeover=False):
     """Bring container `name` to `state`; -> result dict (changed, action, changes, changed_fields, diff, ...).
 
     Check mode reports the action, the changes and the diff it would make and waits for nothing. `wait` is the
-    module's wait_ready options (or None); `waiter` replaces wait_ready in tests. Raises ContainerError."""
+    module's wait_ready options (or None); `waiter` replaces wait_ready in tests. A container of that name that
+    npuops did not make (`ours`) is refused, in check mode too, unless `takeover`. Raises ContainerError."""
     key = digest_key(key_path, create=False)
     info = engine.inspect(name)
     current = engine.state(info) if info else None
@@ -428,6 +440,11 @@ def converge(engine, name, spec, state, recreate=False, wait=None, check_mode=Fa
         key = digest_key(key_path, create=True)
     wanted = config_hash(spec, key) if state == "started" else None
     action = transition(current, state, wanted, recreate)
+    if action != "none" and current is not None and not ours(current) and not takeover:
+        verb = {"stop": "stop", "remove": "remove"}.get(action, "replace")
+        raise ContainerError(FOREIGN % (name, info.get("Config", {}).get("Image") or info.get("ImageName") or "?",
+                                        "running" if current["running"] else current["status"], verb, verb),
+                             foreign=True)
     result.update(changed=action != "none", action=action)
     if state == "started":
         after = public_spec(spec, key)

@@ -134,7 +134,7 @@ def service_containers(engine, names, proc_root="/proc"):
         if not info:
             continue
         st = container.Engine.state(info)
-        if not st["hash"]:
+        if not container.ours(st):
             continue  # a container of that name that npuops did not make is not the service's
         pids = container_pids(st["id"], proc_root) if st["running"] else set()
         out.append({"name": name, "id": st["id"], "running": st["running"], "status": st["status"],

@@ -25,7 +25,7 @@ description:
     C(npuops.prefix_cache_hit_rate), from the prefix-cache counters of O(metrics_from) read before and after
     the point.
   - The API key reaches C(vllm bench serve) on the standard input of C(<engine> exec -i), which exports it as
-    C(OPENAI_API_KEY) inside the container: it is on no command line and in no environment of a process on the
+    C(OPENAI_API_KEY) inside the container, so it is on no command line and in no environment of a process on the
     host (the engine's own key is a mounted secret that C(exec) does not see).
   - A point whose every request is refused with 401 fails naming the API key, not only the counts.
   - C(vllm bench serve) loads its tokenizer before the first request, from C(--tokenizer) or else from

@@ -105,6 +105,13 @@ options:
     description: Remove and run again even when the spec is unchanged.
     type: bool
     default: false
+  takeover:
+    description:
+      - A container named O(name) that npuops did not make (it lacks the config label) is someone else's - an
+        operator's own container, another tool's. By default the module refuses to replace, stop or remove it,
+        in check mode too, naming it; V(true) lets it act on it as on its own.
+    type: bool
+    default: false
   wait_ready:
     description:
       - Wait until O(wait_ready.url) answers 2xx, for at most O(wait_ready.timeout) seconds, failing early
@@ -252,6 +259,7 @@ def main():
             labels=dict(type="dict", default={}),
             restart_policy=dict(type="str"),
             recreate=dict(type="bool", default=False),
+            takeover=dict(type="bool", default=False),
             wait_ready=dict(type="dict", options=dict(
                 url=dict(type="str"),
                 timeout=dict(type="int", default=600),
@@ -279,7 +287,8 @@ def main():
     spec["mounts"], missing = ct.present_mounts(spec["mounts"], p["optional_mounts"])
     try:
         result = ct.converge(engine, p["name"], spec, p["state"], recreate=p["recreate"], wait=p["wait_ready"],
-                             check_mode=module.check_mode, secret_dir=p["secret_dir"], stop_timeout=p["stop_timeout"])
+                             check_mode=module.check_mode, secret_dir=p["secret_dir"], stop_timeout=p["stop_timeout"],
+                             takeover=p["takeover"])
     except ct.ContainerError as e:
         module.fail_json(msg="%s: %s" % (p["name"], e), **e.extra)
     if not module._diff:

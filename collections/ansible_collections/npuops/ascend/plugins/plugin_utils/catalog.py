@@ -19,12 +19,13 @@ import yaml
 COLLECTION_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DATA_DIR = os.path.join(COLLECTION_DIR, "data")
 ROLES_DIR = os.path.join(COLLECTION_DIR, "roles")
+# libyaml's loader where PyYAML has it (ansible-core's own loader uses it too): several times faster
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load(name):
     """The document ``data/<name>.yml`` (``name`` may contain a sub-directory, e.g. ``tiers/4node_dp``)."""
-    with open(os.path.join(DATA_DIR, name + ".yml")) as f:
-        return yaml.safe_load(f)
+    return _read(os.path.join(DATA_DIR, name + ".yml"))
 
 
 def tiers():
@@ -48,7 +49,7 @@ def _yaml_files(path):
 
 def _read(path):
     with open(path) as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=LOADER)
 
 
 def roles():

@@ -10,7 +10,6 @@ from ansible_collections.npuops.ascend.plugins.filter import inventory as inv
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory
 
 
-
 def good(n=4, tier="4node_dp"):
     groups, hv = inventory(n)
     for h in hv:

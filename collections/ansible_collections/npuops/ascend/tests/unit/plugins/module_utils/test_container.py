@@ -126,6 +126,28 @@ def test_a_stopped_container_is_started_and_a_running_one_stopped_and_removed(tm
     assert converge(eng, tmp_path, state="absent")["action"] == "none"
 
 
+@pytest.mark.parametrize("state,verb", [("started", "replace"), ("stopped", "stop"), ("absent", "remove")])
+def test_a_container_npuops_did_not_make_is_refused_named_and_left_alone(tmp_path, state, verb):
+    """The ownership rule: an operator's own container named vllm (no config label) is never replaced, stopped or
+    removed, in check mode neither, unless takeover."""
+    eng, cli = engine()
+    cli.containers["vllm"] = {"Id": "beef", "State": {"Running": True, "Status": "running", "ExitCode": 0,
+                                                      "StartedAt": "t0", "Pid": 7},
+                              "Config": {"Labels": {"maintainer": "ops"}, "Image": "docker.io/library/nginx:1"}}
+    before = json.dumps(cli.containers)
+    for check_mode in (True, False):
+        with pytest.raises(ct.ContainerError) as err:
+            converge(eng, tmp_path, state=state, check_mode=check_mode)
+        assert str(err.value) == (
+            "a container named vllm that npuops did not make is here (image docker.io/library/nginx:1, running); "
+            "npuops does not %s it. Remove or rename it, or set npuops_takeover: true to let npuops %s it"
+            % (verb, verb))
+    assert json.dumps(cli.containers) == before and not any(c[0][1] in ("run", "rm", "stop") for c in cli.calls)
+    assert ct.describe_container(eng, "vllm")["ours"] is False
+    res = converge(eng, tmp_path, state=state, takeover=True)
+    assert res["changed"] and res["action"] == {"started": "recreate", "stopped": "stop", "absent": "remove"}[state]
+
+
 def test_check_mode_reports_and_does_nothing_even_for_a_container_that_does_not_exist(tmp_path):
     eng, cli = engine()
     res = converge(eng, tmp_path, check_mode=True)
