@@ -310,16 +310,46 @@ def parse_probe(text):
     return {"name": name, "url": url}
 
 
-def serve(collector, address, port):
-    """Serve /metrics until killed (a thread per scrape; rendering takes no command)."""
+# A scrape is one short request: a connection that sends nothing for this long is closed (a stuck client cannot hold
+# a thread), the kernel queues this many connections not yet accepted (socketserver's default is 5: 400 connections
+# opened at once took a minute), and errors of aborted connections are one line per kind and minute on stderr (the
+# default handler prints a traceback for each into the log, which may be RAM-backed).
+CONNECTION_TIMEOUT = 10.0
+LISTEN_BACKLOG = 128
+ERROR_LOG_INTERVAL = 60.0
+
+
+def make_server(collector, address, port, timeout=CONNECTION_TIMEOUT, log=None, clock=time.time):
+    """The HTTP server of /metrics (a thread per connection; rendering runs no command)."""
+    import sys
     from http.server import BaseHTTPRequestHandler, HTTPServer
     from socketserver import ThreadingMixIn
+    write = log or (lambda line: sys.stderr.write(line + "\n"))
+    errors = {}  # kind -> [count since the last line, time of the last line]
+    lock = threading.Lock()
 
     class Server(ThreadingMixIn, HTTPServer):
         daemon_threads = True
         allow_reuse_address = True
+        request_queue_size = LISTEN_BACKLOG
+
+        def handle_error(self, request, client_address):
+            kind = sys.exc_info()[0].__name__ if sys.exc_info()[0] else "error"
+            now = clock()
+            with lock:
+                entry = errors.setdefault(kind, [0, None])
+                entry[0] += 1
+                if entry[1] is not None and now - entry[1] < ERROR_LOG_INTERVAL:
+                    return
+                count, entry[0], entry[1] = entry[0], 0, now
+            write("npuops-npu-exporter: %d connection(s) ended with %s (last from %s)"
+                  % (count, kind, client_address[0] if client_address else "?"))
 
     class Handler(BaseHTTPRequestHandler):
+        def setup(self):
+            self.timeout = timeout  # StreamRequestHandler: the connection's socket timeout
+            BaseHTTPRequestHandler.setup(self)
+
         def do_GET(self):  # noqa: N802 (the http.server API)
             if self.path.split("?")[0] == "/metrics":
                 body = collector.render().encode("utf-8")
@@ -339,11 +369,16 @@ def serve(collector, address, port):
         def log_message(self, *args):
             pass
 
+    return Server((address, int(port)), Handler)
+
+
+def serve(collector, address, port):
+    """Serve /metrics until killed, the readings refreshed in the background."""
     stop = threading.Event()
     worker = threading.Thread(target=collector.loop, args=(stop,))
     worker.daemon = True
     worker.start()
-    httpd = Server((address, int(port)), Handler)
+    httpd = make_server(collector, address, port)
     try:
         httpd.serve_forever()
     finally:

@@ -201,3 +201,40 @@ def test_install_writes_a_runnable_exporter_once(tmp_path):
     out = subprocess.run([python, os.path.join(d, "npuops-npu-exporter"), "--help"], capture_output=True,
                          text=True, timeout=30, env={"PATH": "/usr/bin:/bin"}, cwd="/", check=False)
     assert out.returncode == 0 and "--address" in out.stdout, out.stderr
+
+
+def test_connections_are_bounded_in_time_backlog_and_error_log():
+    """A silent client is dropped after the connection timeout; 300 connections opened at once are all accepted at
+    once (a backlog of 5 made them wait for SYN retries); aborted connections log one line per kind and minute."""
+    import socket
+    c = npu_exporter.Collector("/nonexistent/npu-smi", "/nonexistent/hccn_tool")
+    lines, now = [], [1000.0]
+    httpd = npu_exporter.make_server(c, "127.0.0.1", 0, timeout=1.0, log=lines.append, clock=lambda: now[0])
+    assert httpd.request_queue_size >= 128
+    port = httpd.server_address[1]
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        t0 = time.time()
+        silent = socket.create_connection(("127.0.0.1", port), timeout=5)
+        assert silent.recv(1) == b"" and time.time() - t0 < 3.0  # closed by the server after its 1 s timeout
+        socks, t0 = [], time.time()
+        for _ in range(300):
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        assert time.time() - t0 < 3.0
+        for s in socks:
+            s.close()
+        for _ in range(50):
+            try:
+                raise ConnectionResetError("reset by peer")
+            except ConnectionResetError:
+                httpd.handle_error(None, ("10.0.0.9", 5555))
+        assert lines == ["npuops-npu-exporter: 1 connection(s) ended with ConnectionResetError (last from 10.0.0.9)"]
+        now[0] += 61
+        try:
+            raise ConnectionResetError("reset by peer")
+        except ConnectionResetError:
+            httpd.handle_error(None, ("10.0.0.8", 5556))
+        assert lines[1] == "npuops-npu-exporter: 50 connection(s) ended with ConnectionResetError (last from 10.0.0.8)"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
