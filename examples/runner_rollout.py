@@ -68,10 +68,21 @@ def rollout(inventory, extravars=None, tags=None, skip_tags=None, private_data_d
     return runner, outcome(runner)
 
 
+def extravars_of(text):
+    """-e's value: a JSON object, or @FILE holding one (JSON or YAML), as ansible-playbook's -e takes it."""
+    if text.startswith("@"):
+        import yaml
+        with open(text[1:]) as f:
+            return yaml.safe_load(f) or {}
+    return json.loads(text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-i", "--inventory", required=True)
-    ap.add_argument("-e", "--extravars", default="{}", help="extra variables as a JSON object")
+    ap.add_argument("-e", "--extravars", default="{}",
+                    help="extra variables as a JSON object, or @FILE (JSON or YAML; keep secrets there, in a "
+                         "root-only file: a command line is visible in ps)")
     ap.add_argument("--tags")
     ap.add_argument("--skip-tags")
     ap.add_argument("--private-data-dir")
@@ -80,7 +91,7 @@ def main():
     cancel = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: cancel.set())
-    runner, result = rollout(args.inventory, json.loads(args.extravars), args.tags, args.skip_tags,
+    runner, result = rollout(args.inventory, extravars_of(args.extravars), args.tags, args.skip_tags,
                              args.private_data_dir, args.timeout, log=lambda s: print(s, file=sys.stderr),
                              cancel=cancel)
     print(json.dumps({"status": runner.status, "rc": runner.rc, "stats": runner.stats, "npuops": result},

@@ -36,12 +36,14 @@ def test_healthy_nodes_pass_and_the_report_is_written(cluster, tmp_path):
 def test_a_fault_fails_the_play_with_one_table_and_strict_false_only_reports(cluster, tmp_path):
     sim("fault", "--node", "1", "--fault", "chip_alarm", "--device", "9")
     sim("fault", "--node", "2", "--fault", "no_shm")
+    wrong_nic = tmp_path / "nic.yml"  # node02's NIC misnamed in the inventory: one row, not one per check
+    wrong_nic.write_text(json.dumps({"all": {"hosts": {"node02": {"npuops_nic": "eth9"}}}}))
     try:
-        proc, report = preflight(cluster, tmp_path)
+        proc, report = preflight(cluster, tmp_path, "-i", str(wrong_nic))
         assert proc.returncode != 0
-        assert "Preflight: 2 check(s) failed on node01, node02" in proc.stdout
-        assert [(f["host"], f["check"], f["device"]) for f in report["failures"]] == [
-            ("node01", "chip_health", 9), ("node02", "shm", None)]
+        assert "Preflight: 3 check(s) failed on node01, node02" in proc.stdout, proc.stdout[-3000:]
+        assert sorted((f["host"], f["check"], f["device"] or 0) for f in report["failures"]) == [
+            ("node01", "chip_health", 9), ("node02", "nic", 0), ("node02", "shm", 0)]
         lenient, report = preflight(cluster, tmp_path, "-e", '{"npuops_preflight_strict": false}')
         assert lenient.returncode == 0 and not report["ok"] and report["go"]
     finally:

@@ -128,9 +128,11 @@ def test_a_corrupted_saved_result_fails_the_reconciliation(site, tmp_path):
 
 
 def test_the_example_script_drives_a_stage_and_prints_the_outcome(cluster, tmp_path):
+    extra = tmp_path / "extra.yml"  # -e @FILE, as the docs show for secrets
+    extra.write_text("npuops_reports_dir: %s\n" % cluster.reports)
     proc = subprocess.run(
         [sys.executable, "examples/runner_rollout.py", "-i", cluster.inventory, "--tags", "validate",
-         "--private-data-dir", str(tmp_path), "-e", json.dumps({"npuops_reports_dir": cluster.reports})],
+         "--private-data-dir", str(tmp_path / "runner"), "-e", "@%s" % extra],
         cwd=REPO, env=env(), text=True, capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)

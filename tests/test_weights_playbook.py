@@ -98,10 +98,29 @@ def test_copy_to_every_node_is_byte_identical_and_a_rerun_moves_nothing(cluster)
     assert len(seed) == FILES + 1
     for node in ("node02", "node03", "node04"):
         assert digests(cluster, node) == seed, node
+    for node in ("node02", "node03", "node04"):  # the copy jobs' results are not left behind
+        assert not os.listdir(cluster.api.root_of(node) + "/root/.ansible_async"), node
     second = playbook(cluster)
     assert re.findall(r"changed=(\d+)", second.stdout) == ["0", "0", "0", "0"]
     assert "Pull from the nodes before this one" not in second.stdout or "changed: [node0" not in second.stdout
     assert servers_running(cluster) == []
+
+
+def test_files_that_are_not_part_of_the_weights_are_named_and_removed_when_asked(cluster):
+    """An extra shard and a text file on a receiver pass even a full verify (they are not in the manifest): the
+    stage names them, and removes them with npuops_weights_remove_stray."""
+    playbook(cluster)  # start from a complete copy everywhere
+    root = cluster.api.root_of("node03") + MODEL
+    for name, data in (("model-00009-of-00008.safetensors", b"\0" * 4096), ("notes.txt", b"copied by hand\n")):
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(data)
+    named = playbook(cluster, "-e", '{"npuops_weights_verify": "full"}')
+    assert "node03: model-00009-of-00008.safetensors, notes.txt (not in the seed's manifest)" in named.stdout, \
+        named.stdout[-3000:]
+    assert os.path.exists(os.path.join(root, "notes.txt"))  # named, not touched
+    playbook(cluster, "-e", '{"npuops_weights_remove_stray": true}')
+    assert sorted(os.listdir(root)) == sorted(os.listdir(cluster.api.root_of("node01") + MODEL))
+    assert digests(cluster, "node03") == digests(cluster, "node01")
 
 
 def test_a_flipped_byte_at_a_destination_is_repaired_by_full_verify(cluster):
@@ -188,7 +207,7 @@ def test_a_source_changed_after_its_manifest_fails_naming_the_file_and_stops_the
         os.unlink(node_file(cluster, "node02", rel))  # node02 pulls from the seed itself
         out = playbook(cluster, check=False)
         assert out.returncode != 0
-        assert re.search(r"- node02: node02: the weight copy failed: %s" % re.escape(rel), out.stdout), out.stdout[-3000:]
+        assert re.search(r"- node02: the weight copy failed: %s" % re.escape(rel), out.stdout), out.stdout[-3000:]
         assert "End this run's weight servers and copy jobs on every reachable host" in out.stdout
         assert servers_running(cluster) == []
         assert not os.path.exists(node_file(cluster, "node02", rel))

@@ -117,6 +117,23 @@ def weights_summary(hostvars, receivers):
     return out
 
 
+def weights_stray(hostvars, hosts, seed, need_key="npuops_weights_need", manifest_key="npuops_weights_manifest"):
+    """'host: files (why)' for every host whose model directory holds files that are not part of the weights: on
+    the seed, shards its checkpoint index does not name (left out of the manifest); elsewhere, files the seed's
+    manifest does not list."""
+    lines = []
+    for h in hosts:
+        if h == seed:
+            files, why = (hostvar(hostvars, h, manifest_key, {}) or {}).get("unindexed") or [], \
+                "not in the checkpoint's model.safetensors.index.json: left out of the manifest"
+        else:
+            files, why = (hostvar(hostvars, h, need_key, {}) or {}).get("stray") or [], "not in the seed's manifest"
+        if files:
+            lines.append("%s: %s (%s)" % (h, ", ".join(files[:20]) + (" and %d more" % (len(files) - 20)
+                                                                         if len(files) > 20 else ""), why))
+    return lines
+
+
 def publisher_manifest(listing, source):
     """The publisher's API listing -> {relpath: sha256} (see module_utils.manifest.publisher_listing)."""
     try:
@@ -149,7 +166,7 @@ def weights_hub_env(source, token="", endpoint=""):
 
 class FilterModule(object):
     def filters(self):
-        return {"weights_chain": weights_chain, "weights_sources": weights_sources, "weights_servers": weights_servers,
+        return {"weights_stray": weights_stray, "weights_chain": weights_chain, "weights_sources": weights_sources, "weights_servers": weights_servers,
                 "weights_failures": weights_failures, "weights_failure_message": weights_failure_message,
                 "weights_summary": weights_summary, "weights_copy_projection": weights_copy_projection,
                 "publisher_manifest": publisher_manifest, "weights_download_argv": weights_download_argv,

@@ -54,6 +54,26 @@ def walk(root):
     return out
 
 
+def stray_files(root, manifest_files):
+    """Files of the model directory that the manifest does not list (an extra shard, a text file): an engine that
+    loads every *.safetensors of the directory would load them too. -> sorted relative paths."""
+    return [rel for rel in walk(root) if rel not in manifest_files] if os.path.isdir(root) else []
+
+
+INDEX = "model.safetensors.index.json"
+
+
+def unindexed_shards(root):
+    """The seed's *.safetensors that its checkpoint index (model.safetensors.index.json, weight_map) does not
+    name: not part of the checkpoint. [] when there is no index to tell."""
+    try:
+        with open(os.path.join(root, INDEX)) as f:
+            named = set((json.load(f).get("weight_map") or {}).values())
+    except (IOError, OSError, ValueError, AttributeError):
+        return []
+    return [rel for rel in walk(root) if rel.endswith(".safetensors") and rel not in named]
+
+
 def piece_digest(data):
     """The digest a manifest records for a piece: sha256, first 128 bits, hex."""
     return hashlib.sha256(data).hexdigest()[:32]
@@ -162,8 +182,8 @@ def save_json(path, data, durable=True):
     os.rename(tmp, path)
 
 
-def build(root, previous=None, piece_size=PIECE_SIZE, parallel=4):
-    """Manifest of `root`, re-hashing only files whose (size, mtime) changed since `previous`.
+def build(root, previous=None, piece_size=PIECE_SIZE, parallel=4, exclude=()):
+    """Manifest of `root` (but `exclude`), re-hashing only files whose (size, mtime) changed since `previous`.
 
     -> (manifest, stats) with stats {hashed, reused, bytes_hashed, seconds, safetensors_errors}.
     """
@@ -173,6 +193,8 @@ def build(root, previous=None, piece_size=PIECE_SIZE, parallel=4):
     todo = []
     errors = {}
     for rel in walk(root):
+        if rel in exclude:
+            continue
         st = os.stat(os.path.join(root, rel))
         prior = old.get(rel)
         if prior and prior.get("size") == st.st_size and prior.get("mtime_ns") == st.st_mtime_ns:

@@ -43,7 +43,8 @@ except ImportError:  # pragma: no cover - Python 2 is not supported on the nodes
     quote = urlparse = None
 
 from ansible_collections.npuops.ascend.plugins.module_utils import workers
-from ansible_collections.npuops.ascend.plugins.module_utils.manifest import file_sha256, piece_digest, save_json
+from ansible_collections.npuops.ascend.plugins.module_utils.manifest import (
+    file_sha256, piece_digest, save_json, stray_files)
 from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import (
     PROGRESS_SUFFIX, STATE_DIR, encode_progress, manifest_path, read_progress, sync_progress_path)
 
@@ -837,7 +838,7 @@ def sync(src_urls, token, dest, manifest=None, parallel=4, verify="fast", check_
     verified, todo, (cache_path, cache) = plan(manifest, dest, verify)
     result = {"files_total": len(manifest["files"]), "files_verified": len(verified), "files_to_fetch": todo,
               "bytes_to_fetch": sum(manifest["files"][r]["size"] for r in todo), "changed": bool(todo),
-              "files_fetched": 0, "bytes_fetched": 0}
+              "files_fetched": 0, "bytes_fetched": 0, "stray": stray_files(dest, manifest["files"])}
     if todo and not check_only:
         result.update(_fetch(peers, dest, manifest, verified, todo, cache, cache_path, parallel, stall_timeout,
                              manifest_timeout, peer_timeout, keep_cache or prewarm, run_id))

@@ -256,7 +256,7 @@ def main():
             npu_smi_path=dict(type="path"),
             command_timeout=dict(type="int", default=30),
         ),
-        required_together=[("nic", "node_ip")],
+        required_by={"nic": "node_ip"},
         supports_check_mode=True,
     )
     p = module.params

@@ -104,6 +104,13 @@ safetensors_errors:
   description: Broken safetensors files and what is wrong with each.
   returned: always
   type: dict
+unindexed:
+  description:
+    - The C(*.safetensors) files that the checkpoint's index (C(model.safetensors.index.json)) does not name; they
+      are left out of the manifest (not part of the checkpoint, never copied). Empty when there is no index.
+  returned: always
+  type: list
+  elements: str
 manifest_data:
   description: The manifest's summary (version, piece_size, files with size and sha256).
   returned: when O(return_manifest=true)
@@ -149,8 +156,9 @@ def main():
         previous = mf.load(path)
     except mf.ManifestError:
         previous = None  # recorded by another version: hash everything again
+    unindexed = mf.unindexed_shards(root)
     try:
-        data, stats = mf.build(root, previous, piece_size=p["piece_size"], parallel=p["parallel"])
+        data, stats = mf.build(root, previous, piece_size=p["piece_size"], parallel=p["parallel"], exclude=unindexed)
     except mf.ManifestError as e:
         module.fail_json(msg=str(e))
     if not data["files"]:
@@ -162,7 +170,7 @@ def main():
         mf.save_json(path, data)
     result = dict(changed=changed, manifest=path, files=len(data["files"]), total_bytes=mf.total_bytes(data),
                   hashed=stats["hashed"], bytes_hashed=stats["bytes_hashed"], seconds=stats["seconds"],
-                  mismatched=mismatched, safetensors_errors=stats["safetensors_errors"])
+                  mismatched=mismatched, safetensors_errors=stats["safetensors_errors"], unindexed=unindexed)
     if module._diff:
         result["diff"] = {
             "before": "\n".join(sorted("%s %s" % (r, e["sha256"]) for r, e in old_files.items())) + "\n",

@@ -141,6 +141,13 @@ files_to_fetch:
   returned: always
   type: list
   elements: str
+stray:
+  description:
+    - Files in O(dest) that the manifest does not list (an extra shard, a text file); an engine that loads every
+      shard of the directory would load them. The module reports them; the weights role removes them when told.
+  returned: always
+  type: list
+  elements: str
 bytes_to_fetch:
   description: Their total size.
   returned: always

@@ -104,7 +104,7 @@ class Watch(object):
                         out = dict((k, v) for k, v in (status or {}).items() if k not in _WRAPPER_KEYS)
                         out.update(state=state, progress=line)
                         if state == "failed":
-                            out.update(failed=True, msg="%s: %s" % (self.me, msg))
+                            out.update(failed=True, msg=msg)  # the gate names the host
                         return out
                 self.board.post(self.me, "running", line=line)
             trouble = self.trouble(started, now)

@@ -28,15 +28,15 @@ def test_failures_name_causes_not_the_hosts_stopped_because_of_them():
     hv = {"n1": {"st": {"state": "done", "files_fetched": 3}},
           "n2": {"st": {"failed": True, "state": "stopped", "msg": "stopped because n3 unreachable: ..."}},
           "n3": {"st": {"unreachable": True, "msg": "Task failed: Failed to connect to the host via ssh: timed out\nmore"}},
-          "n4": {"st": {"failed": True, "state": "failed", "msg": "n4: the weight copy failed: disk full"}},
+          "n4": {"st": {"failed": True, "state": "failed", "msg": "the weight copy failed: disk full"}},
           "n5": {}}
     f = weights.weights_failures(hv, ["n1", "n2", "n3", "n4", "n5"], "st")
     assert f == {"n3": "unreachable (Task failed: Failed to connect to the host via ssh: timed out)",
-                 "n4": "n4: the weight copy failed: disk full"}
+                 "n4": "the weight copy failed: disk full"}
     msg = weights.weights_failure_message(f, "copying")
     assert msg.splitlines()[0].startswith("The weights stage failed (copying) on 2 host(s)")
     assert msg.splitlines()[1:] == ["- n3: unreachable (Task failed: Failed to connect to the host via ssh: timed out)",
-                                    "- n4: n4: the weight copy failed: disk full"]
+                                    "- n4: the weight copy failed: disk full"]
     # with no cause left (the failing host's own result is missing), the stopped ones are still named
     assert list(weights.weights_failures({"n2": hv["n2"]}, ["n2"], "st")) == ["n2"]
 
@@ -68,3 +68,12 @@ def test_the_hub_token_goes_to_the_environment_never_the_command_line():
         "http://127.0.0.1:8080/api/models/a/b/tree/r1?recursive=1"
     with pytest.raises(AnsibleFilterError, match="unknown weights source"):
         weights.weights_hub_env("s3")
+
+
+def test_stray_files_are_named_per_host_with_why():
+    from ansible_collections.npuops.ascend.plugins.filter.weights import weights_stray
+    hv = {"n1": {"npuops_weights_manifest": {"unindexed": ["z.safetensors"]}},
+          "n2": {"npuops_weights_need": {"stray": ["notes.txt"]}}, "n3": {"npuops_weights_need": {"stray": []}}}
+    assert weights_stray(hv, ["n1", "n2", "n3"], "n1") == [
+        "n1: z.safetensors (not in the checkpoint's model.safetensors.index.json: left out of the manifest)",
+        "n2: notes.txt (not in the seed's manifest)"]

@@ -118,3 +118,20 @@ def test_load_and_save_round_trip_and_reject_foreign_files(tmp_path):
     open(path, "w").write('{"files": []}')
     with pytest.raises(manifest.ManifestError, match="not an npuops manifest"):
         manifest.load(path)
+
+
+def test_stray_files_and_shards_the_index_does_not_name(tmp_path):
+    import json as _json
+    from ansible_collections.npuops.ascend.plugins.module_utils import manifest as mf
+    root = tmp_path / "m"
+    (root / ".npuops").mkdir(parents=True)
+    for name in ("a.safetensors", "b.safetensors", "extra.safetensors", "notes.txt", "x.safetensors.part"):
+        (root / name).write_bytes(b"x")
+    (root / ".npuops" / "manifest.json").write_text("{}")
+    listed = {"a.safetensors": {}, "b.safetensors": {}}
+    assert mf.stray_files(str(root), listed) == ["extra.safetensors", "notes.txt"]  # state and partials are ours
+    assert mf.unindexed_shards(str(root)) == []  # no index: nothing to tell
+    (root / mf.INDEX).write_text(_json.dumps({"weight_map": {"w1": "a.safetensors", "w2": "b.safetensors"}}))
+    assert mf.unindexed_shards(str(root)) == ["extra.safetensors"]
+    data, _stats = mf.build(str(root), exclude=["extra.safetensors"])
+    assert "extra.safetensors" not in data["files"] and "a.safetensors" in data["files"]

