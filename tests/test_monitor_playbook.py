@@ -157,3 +157,20 @@ def test_faults_raise_alerts_with_host_and_device_labels_and_resolve(cluster):
                                                 "NpuopsEngineDown", "NpuopsNpuReadFailed", "NpuopsInstanceNotAnswering")]
         return not left
     wait("the alerts resolve after clear / recover", resolved, 120)
+
+
+def test_a_killed_headless_worker_raises_an_alert_naming_its_host_within_120s(cluster):
+    """node02 runs the headless worker: no /metrics of its own, so only its node's exporter can tell it died."""
+    assert cluster.ssh("node02", "podman inspect -f '{{.State.Running}}' vllm").stdout.strip() == "true"
+    cluster.ssh("node02", "podman kill vllm")
+    t0 = time.time()
+    try:
+        def named():
+            return [a for a in firing(cluster) if a["labels"]["alertname"] == "NpuopsEngineContainerDown"
+                    and a["labels"].get("host") == "node02" and a["labels"].get("container") == "vllm"]
+        wait("an alert naming node02", named, 120)
+        assert time.time() - t0 < 120
+    finally:
+        playbook(cluster, "recover", timeout=600)
+    wait("the alert resolves after recover", lambda: not [
+        a for a in firing(cluster) if a["labels"]["alertname"] == "NpuopsEngineContainerDown"], 60)

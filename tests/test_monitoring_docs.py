@@ -13,7 +13,7 @@ def test_every_alert_has_a_runbook_entry_with_a_first_action():
         alerts = [r["alert"] for g in yaml.safe_load(f)["groups"] for r in g["rules"]]
     with open(os.path.join(REPO, "docs", "monitoring.md")) as f:
         doc = f.read()
-    assert len(alerts) == 14
+    assert len(alerts) == 15
     for name in alerts:
         m = re.search(r"^### %s\n(.*?)(?=^### |\Z)" % name, doc, re.S | re.M)
         assert m, name

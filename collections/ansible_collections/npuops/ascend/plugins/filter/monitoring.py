@@ -8,14 +8,20 @@ worker, or prefill / decode for a PD pair), host, dp_rank; every node's NPU expo
 the gateway's HAProxy exporter when there is one (job gateway); Prometheus itself. A headless DP / PP worker has no
 HTTP server: its engines are reported by its leader's /metrics (label engine = the DP rank within the process).
 
-alert_rules: the shipped rules (their `for:` durations and thresholds from settings); promtool unit tests in
-tests/unit/prometheus cover every one. The metric names are vLLM's (vllm/v1/metrics/loggers.py) and MindCluster
+alert_rules: the shipped rules (data/alerts.yml; their `for:` durations and thresholds from settings) and the
+operator's own; promtool unit tests in tests/unit/prometheus cover every shipped one. The metric names are vLLM's (vllm/v1/metrics/loggers.py) and MindCluster
 NPU Exporter's (npu_collector.go), as the exporter exports them.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
+
+import re
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
 
 DEFAULTS = {
     "scrape_interval": "15s",
@@ -107,86 +113,38 @@ def scrape_config(plan, settings=None):
     }
 
 
-def _rule(name, expr, for_, severity, summary, action, s):
-    """One alert. `action` (the first thing to do) is written in docs/monitoring.md, where the annotation points."""
-    del action  # kept next to the rule for the reader; the operator reads it in the runbook
-    return {"alert": name, "expr": " ".join(expr.split()), "for": s["alert_for"] or for_,
-            "labels": {"severity": severity},
-            "annotations": {"summary": summary, "runbook": "docs/monitoring.md#%s" % name.lower()}}
+SETTING = re.compile(r"<<(\w+)>>")
 
 
-def alert_rules(settings=None):
-    """The npuops alert rules as a Prometheus rule file (data)."""
+def _fill(text, s):
+    """The rule text with each <<setting>> replaced by its value; an unknown setting is an error, not a blank."""
+    def value(m):
+        if m.group(1) not in s:
+            raise AnsibleFilterError("alert rules: <<%s>> is not a monitoring setting (%s)" % (m.group(1), ", ".join(
+                sorted(k for k in s if not isinstance(s[k], (list, dict))))))
+        return str(s[m.group(1)])
+    return SETTING.sub(value, text)
+
+
+def alert_rules(settings=None, extra_rules=None):
+    """The npuops alert rules (data/alerts.yml, settings filled in) as a Prometheus rule file, plus the operator's
+    `extra_rules` (Prometheus rule mappings); an extra rule with a shipped rule's name replaces it."""
     s = _settings(settings)
-    w = s["stall_window"]
-    kv = ("max by (instance, host, role, dp_rank) "
-          "(vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)")
-    rules = [
-        _rule("NpuopsEngineDown", 'up{job="vllm"} == 0', "1m", "critical",
-              "vLLM engine {{ $labels.instance }}/{{ $labels.role }} on {{ $labels.host }} does not answer /metrics",
-              "status.yml names why (container exited, host unreachable, frozen); recover.yml restarts it", s),
-        _rule("NpuopsInstanceNotAnswering", 'max by (instance) (up{job="vllm"}) == 0', "1m", "critical",
-              "no engine of instance {{ $labels.instance }} answers",
-              "run status.yml, then recover.yml; with replicas the gateway sends traffic elsewhere meanwhile", s),
-        _rule("NpuopsRequestsStalled",
-              "sum by (instance, host) (vllm:num_requests_waiting) > 0 and "
-              "sum by (instance, host) (rate(vllm:generation_tokens_total[%s])) == 0" % w, "2m", "critical",
-              "{{ $labels.instance }} on {{ $labels.host }}: requests wait and no token is generated",
-              "a wedged engine (HCCL hang, stuck rank): read logs.yml, then recover.yml restarts the instance", s),
-        _rule("NpuopsKvCacheHigh", "%s > %s" % (kv, s["kv_usage_high"]), "5m", "warning",
-              "KV cache of {{ $labels.instance }} on {{ $labels.host }} (dp_rank {{ $labels.dp_rank }}) is more than "
-              "%s used" % s["kv_usage_high"],
-              "requests will queue or be preempted: lower max_num_seqs / context, or add an instance", s),
-        _rule("NpuopsPreemptions",
-              "sum by (instance, host) (rate(vllm:num_preemptions_total[5m])) > 0", "5m", "warning",
-              "{{ $labels.instance }} on {{ $labels.host }} preempts requests",
-              "the KV cache is too small for the load: lower concurrency or max_model_len, or add capacity", s),
-        _rule("NpuopsTtftP99High",
-              "histogram_quantile(0.99, sum by (instance, le) "
-              "(rate(vllm:time_to_first_token_seconds_bucket[5m]))) > %s" % s["slo_ttft_p99_s"], "5m", "warning",
-              "TTFT p99 of {{ $labels.instance }} is above the SLO of %ss" % s["slo_ttft_p99_s"],
-              "look at waiting requests and prefill throughput on the dashboard; scale prefill or cap prompts", s),
-        _rule("NpuopsPrefixHitRateCollapse",
-              "(sum by (instance) (rate(vllm:prefix_cache_hits_total[10m])) / "
-              "sum by (instance) (rate(vllm:prefix_cache_queries_total[10m]))) < %s * "
-              "(sum by (instance) (rate(vllm:prefix_cache_hits_total[1h] offset 10m)) / "
-              "sum by (instance) (rate(vllm:prefix_cache_queries_total[1h] offset 10m))) and "
-              "sum by (instance) (rate(vllm:prefix_cache_queries_total[10m])) > %s"
-              % (s["prefix_hit_min_ratio"], s["prefix_queries_min_rate"]), "10m", "warning",
-              "prefix cache hit rate of {{ $labels.instance }} fell under %s of its last hour under load"
-              % s["prefix_hit_min_ratio"],
-              "multi-turn sessions no longer reach the engine holding their prefix: check the gateway's "
-              "affinity, a restart that emptied the cache, or a prompt template change", s),
-        _rule("NpuopsNpuChipUnhealthy", "npu_chip_info_health_status == 0", "1m", "critical",
-              "NPU {{ $labels.id }} on {{ $labels.host }} is not healthy",
-              "npu-smi info -t health -i <card> -c <chip> names the error code; drain the node and follow "
-              "Huawei's fault handling for the code", s),
-        _rule("NpuopsNpuReadFailed", "npuops_npu_exporter_read_error == 1", "2m", "warning",
-              "{{ $labels.source }} fails or hangs on {{ $labels.host }}",
-              "a hung npu-smi means a wedged driver: check dmesg and the device state; the chip metrics of "
-              "the node are stale meanwhile", s),
-        _rule("NpuopsHbmFullOnIdleEngine",
-              "(npu_chip_info_hbm_used_memory / npu_chip_info_hbm_total_memory > %s) and on (host) "
-              '(sum by (host) (vllm:num_requests_running) == 0)' % s["hbm_full_ratio"], "10m", "warning",
-              "NPU {{ $labels.id }} on {{ $labels.host }}: HBM nearly full while its engine runs no request",
-              "more than the engine's budget is held: npu_chip_info_process_info names the pids; a leftover "
-              "process or a leak - stop it, or restart the engine", s),
-        _rule("NpuopsNpuLinkDown", "npu_chip_info_link_status == 0", "1m", "critical",
-              "NPU {{ $labels.id }} on {{ $labels.host }}: device link down",
-              "hccn_tool -i <id> -link -g; check the optical module, cable and switch port "
-              "(hccn_tool -i <id> -lldp -g names the port)", s),
-        _rule("NpuopsNpuNetUnhealthy", "npu_chip_info_network_status == 0", "1m", "critical",
-              "NPU {{ $labels.id }} on {{ $labels.host }}: net health is not Success",
-              "hccn_tool -i <id> -net_health -g; the netdetect address must be reachable from the device", s),
-        _rule("NpuopsExporterDown", 'up{job="npu_exporter"} == 0', "2m", "warning",
-              "the NPU exporter on {{ $labels.host }} does not answer",
-              "monitor.yml restarts it; if the node is down, the engine alerts say so too", s),
-        _rule("NpuopsGatewayBackendDown",
-              '(haproxy_server_status{state="DOWN"} == 1) or (npuops_probe_success == 0)', "1m", "critical",
-              "gateway backend {{ $labels.server }}{{ $labels.probe }} on "
-              "{{ $labels.host }} is down",
-              "the gateway no longer sends traffic there: status.yml names the instance; recover.yml", s),
-    ]
+    rules = []
+    for r in catalog.load("alerts")["alerts"]:
+        rules.append({"alert": r["alert"], "expr": " ".join(_fill(r["expr"], s).split()),
+                      "for": s["alert_for"] or r["for"], "labels": {"severity": r["severity"]},
+                      "annotations": {"summary": _fill(r["summary"], s),
+                                      "runbook": "docs/monitoring.md#%s" % r["alert"].lower()}})
+    by_name = dict((r["alert"], i) for i, r in enumerate(rules))
+    for extra in extra_rules or []:
+        if not isinstance(extra, dict) or not (extra.get("alert") or extra.get("record")) or not extra.get("expr"):
+            raise AnsibleFilterError("npuops_monitor_extra_rules: %r is not a Prometheus rule (alert or record, and "
+                                     "expr)" % (extra,))
+        if extra.get("alert") in by_name:
+            rules[by_name[extra["alert"]]] = extra
+        else:
+            rules.append(extra)
     return {"groups": [{"name": "npuops", "rules": rules}]}
 
 

@@ -19,6 +19,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import re
 import threading
 import time
 
@@ -165,6 +166,18 @@ def probe_families(probes):
     return [up, took]
 
 
+# docker/podman: "Error: no such container", "No such object"; isula: "No such image or container"
+NO_SUCH_CONTAINER = re.compile(r"no such (container|object|image or container)", re.I)
+
+
+def container_families(states):
+    running = Family("npuops_container_running", "1 when the service's container runs on this node, 0 when it "
+                                                 "exited or is missing (from the container CLI's inspect)")
+    for name in sorted(states):
+        running.add([("container", name)], states[name])
+    return [running]
+
+
 def render(families):
     return "\n".join(f.text() for f in families if f.samples or f.name == "machine_npu_nums") + "\n"
 
@@ -173,8 +186,12 @@ class Collector(object):
     """The readings, refreshed in the background, each command bounded; `render()` never waits for a command."""
 
     def __init__(self, npu_smi_path, hccn_tool_path, timeout=5.0, interval=10.0, probes=(), run=None,
-                 clock=time.time, http_get=None):
+                 clock=time.time, http_get=None, containers=(), container_cli=None):
         self.npu_smi, self.hccn_tool = npu_smi_path, hccn_tool_path
+        # the service's containers on this node and the CLI that inspects them: a headless worker has no /metrics,
+        # so its engine's state reaches Prometheus only from here
+        self.containers, self.container_cli = list(containers), container_cli
+        self.container_states = {}
         self.timeout, self.interval = float(timeout), float(interval)
         self.probes = list(probes)
         self.run = run or proc.run
@@ -264,6 +281,8 @@ class Collector(object):
 
         threads = [threading.Thread(target=device, args=(phy,)) for phy in phys]
         threads += [threading.Thread(target=self._probe, args=(p,)) for p in self.probes]
+        if self.container_cli:
+            threads += [threading.Thread(target=self._container, args=(name,)) for name in self.containers]
         for t in threads:
             t.daemon = True
             t.start()
@@ -271,6 +290,22 @@ class Collector(object):
             t.join(self.timeout + 5)
         with self.lock:
             self.devices = devices
+
+    def _container(self, name):
+        """Whether the container runs (`inspect`, bounded): 1 running, 0 stopped or missing, None when the CLI
+        failed (reported as a read error, not as a dead engine)."""
+        argv = [self.container_cli, "inspect", "--format", "{{.State.Running}}", name]
+
+        def parse(text, rc):
+            word = text.strip().splitlines()[-1].strip().lower() if text.strip() else ""
+            if rc == 0 and word in ("true", "false"):
+                return 1 if word == "true" else 0
+            if rc != 0 and NO_SUCH_CONTAINER.search(text):
+                return 0
+            raise ValueError("%s inspect %s exited %d: %s" % (self.container_cli, name, rc, text.strip()[-200:]))
+        value = self._read("container %s" % name, argv, parse)
+        with self.lock:
+            self.container_states[name] = value
 
     def _probe(self, p):
         t0 = self.clock()
@@ -285,6 +320,7 @@ class Collector(object):
             families += device_families(self.devices)
             families += read_families(self.reads, self.clock())
             families += probe_families(sorted(self.probe_results, key=lambda r: r["name"]))
+            families += container_families(self.container_states)
         return render(families)
 
     def loop(self, stop):
@@ -395,19 +431,27 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=5.0)
     ap.add_argument("--interval", type=float, default=10.0)
     ap.add_argument("--probe", action="append", default=[], help="name=url: a health check to export")
+    ap.add_argument("--container", action="append", default=[], help="a container of the service to report")
+    ap.add_argument("--container-cli", help="the container CLI that inspects them (docker, podman, isula)")
     args = ap.parse_args(argv)
     collector = Collector(args.npu_smi, args.hccn_tool, timeout=args.timeout, interval=args.interval,
-                          probes=[parse_probe(p) for p in args.probe])
+                          probes=[parse_probe(p) for p in args.probe], containers=args.container,
+                          container_cli=args.container_cli)
     serve(collector, args.address, args.port)
 
 
-def command_line(python, install_dir, address, port, npu_smi_path, hccn_tool_path, timeout, interval, probes=()):
+def command_line(python, install_dir, address, port, npu_smi_path, hccn_tool_path, timeout, interval, probes=(),
+                 containers=(), container_cli=None):
     """The exporter's command line (the same for the background process and the systemd unit)."""
     argv = [python, install_dir.rstrip("/") + "/npuops-npu-exporter", "--address", str(address), "--port", str(port),
             "--npu-smi", npu_smi_path, "--hccn-tool", hccn_tool_path, "--timeout", "%g" % float(timeout),
             "--interval", "%g" % float(interval)]
     for p in probes or ():
         argv += ["--probe", "%s=%s" % (p["name"], p["url"])]
+    if containers and container_cli:
+        argv += ["--container-cli", container_cli]
+        for name in containers:
+            argv += ["--container", name]
     return argv
 
 

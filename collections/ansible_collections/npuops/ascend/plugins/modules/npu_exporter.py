@@ -79,6 +79,20 @@ options:
         description: The URL; 2xx is success.
         type: str
         required: true
+  containers:
+    description:
+      - The service's containers on this node (the engine, the PD proxy), exported as
+        C(npuops_container_running{container}) 1 or 0 from the container CLI's C(inspect), read like every other
+        source (bounded, in the background). A headless worker serves no C(/metrics), so its engine's state reaches
+        Prometheus only from here.
+    type: list
+    elements: str
+    default: []
+  container_engine:
+    description: The container CLI that inspects O(containers).
+    type: str
+    choices: [docker, podman, isula]
+    default: docker
   pid_file:
     description: Where the process is recorded.
     type: path
@@ -136,8 +150,8 @@ url:
   type: str
   sample: http://10.0.0.11:9911/metrics
 argv:
-  description: Its command line.
-  returned: when O(state=started)
+  description: Its command line (the systemd unit runs the same).
+  returned: when O(address) is given and O(state) is not V(stopped)
   type: list
   elements: str
 """
@@ -164,17 +178,20 @@ def main():
             pid_file=dict(type="path", default="/run/npuops/npu-exporter.pid"),
             log_file=dict(type="path", default="/run/npuops/npu-exporter.log"),
             wait_timeout=dict(type="int", default=20),
+            containers=dict(type="list", elements="str", default=[]),
+            container_engine=dict(type="str", choices=["docker", "podman", "isula"], default="docker"),
         ),
         required_if=[("state", "started", ("address",))],
         supports_check_mode=True,
     )
     p = module.params
     files = [] if p["state"] == "stopped" else npu_exporter.install(p["install_dir"], check_mode=module.check_mode)
-    if p["state"] == "installed":
-        module.exit_json(changed=bool(files), files=files, action="none")
+    cli = (module.get_bin_path(p["container_engine"]) or p["container_engine"]) if p["containers"] else None
     argv = npu_exporter.command_line(p["python"], p["install_dir"], p["address"], p["port"], p["npu_smi_path"],
-                                     p["hccn_tool_path"], p["timeout"], p["interval"], p["probes"]) \
-        if p["state"] == "started" else []
+                                     p["hccn_tool_path"], p["timeout"], p["interval"], p["probes"], p["containers"],
+                                     cli) if p["address"] and p["state"] != "stopped" else []
+    if p["state"] == "installed":
+        module.exit_json(changed=bool(files), files=files, action="none", **({"argv": argv} if argv else {}))
     running = daemon.status(p["pid_file"])
     if files and running and p["state"] == "started" and not module.check_mode:
         daemon.stop(running)  # new code: the converge below starts it again

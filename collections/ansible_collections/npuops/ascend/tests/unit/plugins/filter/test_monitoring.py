@@ -96,7 +96,7 @@ def test_every_alert_has_a_promtool_test():
         tests = yaml.safe_load(f)
     tested = set(case["alertname"] for t in tests["tests"] for case in t["alert_rule_test"] if case["exp_alerts"])
     alerts = set(r["alert"] for r in monitoring.alert_rules()["groups"][0]["rules"])
-    assert len(alerts) == 14 and tested == alerts
+    assert len(alerts) == 15 and tested == alerts
 
 
 def promtool(*args):
@@ -106,7 +106,7 @@ def promtool(*args):
 def test_promtool_checks_the_shipped_rules():
     proc = promtool("check", "rules", RULES)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 14 rules found" in proc.stdout
+    assert "SUCCESS: 15 rules found" in proc.stdout
 
 
 def test_promtool_unit_tests_of_every_rule_pass():
@@ -154,3 +154,22 @@ def test_the_outcome_carries_the_prometheus_urls():
                                   monitor={"prometheus_urls": ["http://10.0.0.11:9090"], "exporter_port": 9911})
     assert out["monitor"] == {"prometheus": ["http://10.0.0.11:9090"]}
     assert outcome.rollout_outcome(dp_plan(), {})["monitor"] is None
+
+
+def test_the_operators_rules_are_added_and_replace_a_shipped_one_of_the_same_name():
+    own = {"alert": "MyQueueLong", "expr": "sum(vllm:num_requests_waiting) > 100", "for": "5m"}
+    quieter = {"alert": "NpuopsKvCacheHigh", "expr": "vllm:kv_cache_usage_perc > 0.99", "for": "15m"}
+    rules = monitoring.alert_rules(None, [own, quieter])["groups"][0]["rules"]
+    by_name = dict((r["alert"], r) for r in rules)
+    assert by_name["MyQueueLong"] == own and by_name["NpuopsKvCacheHigh"] == quieter
+    assert len(rules) == 16 and [r["alert"] for r in rules].count("NpuopsKvCacheHigh") == 1
+    with pytest.raises(monitoring.AnsibleFilterError, match="is not a Prometheus rule"):
+        monitoring.alert_rules(None, [{"alert": "NoExpr"}])
+
+
+def test_a_rule_naming_an_unknown_setting_is_an_error(monkeypatch):
+    from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
+    monkeypatch.setattr(catalog, "load", lambda name: {"alerts": [
+        {"alert": "X", "expr": "up > <<no_such_setting>>", "for": "1m", "severity": "warning", "summary": "x"}]})
+    with pytest.raises(monitoring.AnsibleFilterError, match="<<no_such_setting>> is not a monitoring setting"):
+        monitoring.alert_rules()

@@ -238,3 +238,26 @@ def test_connections_are_bounded_in_time_backlog_and_error_log():
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_the_service_containers_are_reported_running_stopped_or_missing():
+    answers = {"vllm": (0, "true\n", ""), "vllm-pd-proxy": (0, "false\n", ""),
+               "gone": (125, "", "Error: no such container gone\n"), "wedged": (1, "", "cannot connect to podman\n")}
+
+    def run(argv, timeout):
+        if argv[0] == "/usr/bin/podman":
+            assert argv[1:4] == ["inspect", "--format", "{{.State.Running}}"]
+            return answers[argv[4]]
+        return 1, "", "no such tool"
+    c = npu_exporter.Collector("npu-smi", "hccn_tool", run=run, containers=list(answers),
+                               container_cli="/usr/bin/podman", clock=lambda: 100.0)
+    c.refresh()
+    body = c.render()
+    assert sample(body, 'npuops_container_running{container="vllm"}') == "1"
+    assert sample(body, 'npuops_container_running{container="vllm-pd-proxy"}') == "0"
+    assert sample(body, 'npuops_container_running{container="gone"}') == "0"
+    assert 'npuops_container_running{container="wedged"}' not in body  # the CLI failed: a read error, not a dead one
+    assert sample(body, 'npuops_npu_exporter_read_error{source="container wedged"}') == "1"
+    argv = npu_exporter.command_line("/usr/bin/python3", "/opt/e", "10.0.0.11", 9911, "npu-smi", "hccn_tool", 5, 10,
+                                     containers=["vllm"], container_cli="/usr/bin/podman")
+    assert argv[-4:] == ["--container-cli", "/usr/bin/podman", "--container", "vllm"]
