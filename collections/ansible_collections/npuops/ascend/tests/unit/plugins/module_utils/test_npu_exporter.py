@@ -218,12 +218,12 @@ def test_connections_are_bounded_in_time_backlog_and_error_log():
         silent = socket.create_connection(("127.0.0.1", port), timeout=5)
         assert silent.recv(1) == b"" and time.time() - t0 < 3.0  # closed by the server after its 1 s timeout
         socks, t0 = [], time.time()
-        for _ in range(300):
+        for _attempt in range(300):
             socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
         assert time.time() - t0 < 3.0
         for s in socks:
             s.close()
-        for _ in range(50):
+        for _attempt in range(50):
             try:
                 raise ConnectionResetError("reset by peer")
             except ConnectionResetError:
