@@ -136,6 +136,16 @@ assert plan["tier"] == "8p8d_pd" and len(plan["hosts"]) == 16, plan.get("tier")
 assert plan["endpoint"] == "http://192.168.100.11:8080", plan["endpoint"]
 print("  collection: installed from its tarball, planned %d hosts of %s" % (len(plan["hosts"]), plan["tier"]))
 PY
+  # Galaxy's own importer on the tarball (ansible-test and ansible-lint are the sanity and lint stages'): it must
+  # end without an ERROR line
+  local rc=0 cfg="$PWD/tools/galaxy-importer.cfg"
+  (cd "$tmp" && env -u ANSIBLE_CONFIG GALAXY_IMPORTER_CONFIG="$cfg" \
+    python -m galaxy_importer.main "$tmp"/dist/npuops-ascend-*.tar.gz >"$tmp/importer.log" 2>&1) || rc=$?
+  if [ "$rc" != 0 ] || grep -q "ERROR" "$tmp/importer.log"; then
+    grep -E "ERROR|WARNING|Traceback" "$tmp/importer.log" | tail -n 40
+    echo "galaxy-importer refused the collection (rc=$rc)" >&2; rm -rf "$tmp"; return 1
+  fi
+  echo "  collection: galaxy-importer: $(grep -c WARNING "$tmp/importer.log") warning(s), no error"
   rm -rf "$tmp"
 }
 

@@ -1,0 +1,31 @@
+"""The collection as Galaxy and an execution environment see it: its README names every module and role, and
+ansible-builder finds its controller-side Python and system dependencies (the collection stage of make test runs
+Galaxy's importer on the built tarball)."""
+import os
+import re
+import subprocess
+
+from npuops_sim.testing import BIN, REPO
+
+COLLECTION = os.path.join(REPO, "collections", "ansible_collections", "npuops", "ascend")
+
+
+def test_the_collection_readme_names_every_module_and_role():
+    with open(os.path.join(COLLECTION, "README.md")) as f:
+        readme = f.read()
+    named = set(re.findall(r"`([a-z_]+)`", readme))
+    modules = {f[:-3] for f in os.listdir(os.path.join(COLLECTION, "plugins", "modules"))
+               if f.endswith(".py") and f != "__init__.py"}
+    roles = {d for d in os.listdir(os.path.join(COLLECTION, "roles"))
+             if os.path.isdir(os.path.join(COLLECTION, "roles", d))}
+    assert modules and roles
+    assert sorted(modules - named) == [] and sorted(roles - named) == []
+
+
+def test_ansible_builder_finds_the_collections_python_and_system_dependencies():
+    proc = subprocess.run([os.path.join(BIN, "ansible-builder"), "introspect", os.path.join(REPO, "collections")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert re.search(r"matplotlib[^\n]*# from collection npuops\.ascend", out), out
+    assert re.search(r"openssh-client \[platform:dpkg\][^\n]*# from collection npuops\.ascend", out), out
