@@ -58,6 +58,8 @@ def main(argv=None):
     up.add_argument("--tier", help="npuops_tier to write into the inventory (default: from the node count)")
     up.add_argument("--replicas", type=int, default=int(os.environ.get("SIM_REPLICAS", "1") or 1),
                     help="instances of the tier in the inventory (NODES / REPLICAS nodes each: instance_a, ...)")
+    up.add_argument("--monitors", type=int, default=0,
+                    help="an extra host without NPUs in group monitor (Prometheus away from the NPU nodes): 0 or 1")
     up.add_argument("--gateways", type=int, default=None,
                     help="extra hosts without NPUs in group gateway (HAProxy + keepalived); default 2 with "
                          "--replicas > 1, else 0")
@@ -90,7 +92,8 @@ def main(argv=None):
             specs, timings = c.up(args.nodes, args.profile, faults=args.fault, inventory=args.inventory,
                                   tier=args.tier, superpod=args.superpod, ping_interval=args.ping_interval or None,
                                   replicas=args.replicas,
-                                  gateways=args.gateways if args.gateways is not None else (2 if args.replicas > 1 else 0))
+                                  gateways=args.gateways if args.gateways is not None else (2 if args.replicas > 1 else 0),
+                                  monitors=args.monitors)
             for s in specs:
                 print("  %s  ssh root@%s  fabric %s  netns %s" % (s.name, s.mgmt_ip, s.fabric_ip, s.netns))
             if args.inventory:

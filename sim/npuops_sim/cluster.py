@@ -130,12 +130,12 @@ class Cluster:
 
     # ----------------------------------------------------------------- up
     def up(self, count, generation="a3", faults=(), inventory=None, tier=None, superpod=False, ping_interval=None,
-           gateways=0, replicas=1):
+           gateways=0, replicas=1, monitors=0):
         if os.geteuid() != 0:
             raise SimError("the simulator needs root (network and mount namespaces); run it as root")
         if replicas < 1 or count % replicas:
             raise SimError("REPLICAS=%d must divide NODES=%d (every instance has the same tier)" % (replicas, count))
-        specs = plan.nodes(count, generation, self.names, self.plan, gateways=gateways)
+        specs = plan.nodes(count, generation, self.names, self.plan, gateways=gateways, monitors=monitors)
         if self.load() is not None or os.path.isdir(self.dir):
             raise SimError("a simulated cluster %r is already up (or half up); run `make sim-down` first"
                            % self.names.prefix)
@@ -147,7 +147,7 @@ class Cluster:
 
         os.makedirs(self.dir)
         state = {"prefix": self.names.prefix, "generation": generation, "count": count, "superpod": superpod,
-                 "gateways": gateways, "replicas": replicas,
+                 "gateways": gateways, "replicas": replicas, "monitors": monitors,
                  "plan": {"mgmt": self.plan.mgmt, "fabric": self.plan.fabric}, "image": image_name,
                  "bridges": [], "nodes": {}, "helpers": [], "inventory": inventory, "tier": tier,
                  # podman makes this cgroup parent on first use; remove it at down only if we caused it
@@ -384,7 +384,8 @@ class Cluster:
     def write_inventory(self, path, specs, generation, tier=None, replicas=1):
         docs = tier_documents()
         npu = [s for s in specs if not s.gateway]
-        gateways = [s for s in specs if s.gateway]
+        gateways = [s for s in specs if s.group == "gateway"]
+        monitors = [s for s in specs if s.group == "monitor"]
         size = len(npu) // replicas
         if tier is None:
             # the tier of this many nodes per instance, when exactly one has that size
@@ -444,6 +445,10 @@ class Cluster:
         if gateways:
             lines += ["    gateway:", "      hosts:"]
             for s in gateways:
+                lines += host_lines(s, "        ")
+        if monitors:
+            lines += ["    monitor:", "      hosts:"]
+            for s in monitors:
                 lines += host_lines(s, "        ")
         write(path, "\n".join(lines) + "\n")
         state = self.load()

@@ -109,15 +109,18 @@ class NodeSpec:
     mgmt_ip: str
     fabric_ip: str
     devices: list = field(default_factory=list)  # [{phy_id, ip, vnic_ip}]
-    gateway: bool = False  # a gateway host: no NPUs, not in npu_nodes (HAProxy + keepalived run there)
+    gateway: bool = False  # a host without NPUs, not in npu_nodes: a gateway host (HAProxy + keepalived) or a monitor
+    group: str = "npu_nodes"  # the inventory group: npu_nodes, gateway or monitor
 
 
-def nodes(count, profile, names=Names(), plan=AddressPlan(), gateways=0):
-    """The NPU nodes node01..nodeNN, then `gateways` hosts without NPUs (gw01..), numbered after them."""
+def nodes(count, profile, names=Names(), plan=AddressPlan(), gateways=0, monitors=0):
+    """The NPU nodes node01..nodeNN, then `gateways` hosts without NPUs (gw01..), then `monitors` (mon01, Prometheus
+    away from the NPU nodes), numbered after them."""
     if not 1 <= count <= MAX_NODES:
         raise ValueError("NODES must be between 1 and %d, got %d" % (MAX_NODES, count))
-    if not 0 <= gateways <= 2 or count + gateways > MAX_NODES:
-        raise ValueError("GATEWAYS must be 0, 1 or 2, and NODES + GATEWAYS at most %d" % MAX_NODES)
+    if not 0 <= gateways <= 2 or not 0 <= monitors <= 1 or count + gateways + monitors > MAX_NODES:
+        raise ValueError("GATEWAYS must be 0, 1 or 2, MONITORS 0 or 1, and NODES + GATEWAYS + MONITORS at most %d"
+                         % MAX_NODES)
     if profile not in DEVICES:
         raise ValueError("PROFILE must be one of %s, got %r" % (sorted(DEVICES), profile))
     out = []
@@ -128,5 +131,9 @@ def nodes(count, profile, names=Names(), plan=AddressPlan(), gateways=0):
     for k in range(1, gateways + 1):
         i = count + k
         out.append(NodeSpec(i, names.gateway_host(k), names.netns(i), plan.node_ip(i), plan.node_fabric_ip(i), [],
-                            gateway=True))
+                            gateway=True, group="gateway"))
+    for k in range(1, monitors + 1):
+        i = count + gateways + k
+        out.append(NodeSpec(i, "mon%02d" % k, names.netns(i), plan.node_ip(i), plan.node_fabric_ip(i), [],
+                            gateway=True, group="monitor"))
     return out

@@ -22,7 +22,7 @@ def snapshot():
     links = {n for n in re.findall(r"^\d+: ([^:@]+)", subprocess.run(["ip", "-o", "link"], capture_output=True,
                                                                       text=True).stdout, re.M) if n.startswith(p + "-")}
     with open("/proc/self/mountinfo") as f:
-        mounts = {" ".join(line.split()[3:5]) for line in f if "/%s-" % p in line or "cluster-" + p in line}
+        mounts = {" ".join(line.split()[3:5]) for line in f if "/%s-" % p in line or "cluster-%s/" % p in line}
     procs = set()
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -31,7 +31,7 @@ def snapshot():
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if "cluster-" + p in cmd:
+            if "cluster-%s/" % p in cmd:
                 procs.add(cmd)
     root = os.environ.get("SIM_ROOT", "/var/lib/npuops-sim")
     dirs = {d for d in os.listdir(root) if d == "cluster-" + p} if os.path.isdir(root) else set()

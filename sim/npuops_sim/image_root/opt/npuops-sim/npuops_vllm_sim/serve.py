@@ -499,16 +499,46 @@ def run(args):
         while True:
             time.sleep(3600)
     api_key = args.api_key or os.environ.get("VLLM_API_KEY")
-    srv = ThreadingHTTPServer((args.host or "0.0.0.0", args.port), handler(engine, api_key))
-    srv.daemon_threads = True
+    srv = ApiServer((args.host or "0.0.0.0", args.port), handler(engine, api_key))
     log("INFO", "Starting vLLM API server on http://%s:%d" % (args.host or "0.0.0.0", args.port))
     srv.serve_forever()
     return 0
 
 
+class ApiServer(ThreadingHTTPServer):
+    """Accepts connections as vLLM's API server does: vLLM binds the socket (create_server_socket in
+    vllm/entrypoints/openai/api_server.py) and uvicorn listens on it with its Config.backlog, 2048
+    (uvicorn/server.py loop.create_server(sock=..., backlog=config.backlog)); Python's default of 5 would refuse a
+    burst of connections a real engine takes."""
+    request_queue_size = 2048
+    daemon_threads = True
+
+
+# uvicorn closes a keep-alive connection that stays idle this long after a response (Config.timeout_keep_alive)
+KEEP_ALIVE_S = 5.0
+
+
 def handler(engine, api_key):
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+
+        def handle(self):
+            # one request, then the next ones on the same connection while it is kept alive; waiting for the next
+            # one is bounded by uvicorn's keep-alive timeout, handling one is not
+            self.close_connection = True
+            self.handle_one_request()
+            while not self.close_connection:
+                self.connection.settimeout(KEEP_ALIVE_S)
+                self.handle_one_request()
+
+        def parse_request(self):
+            self.connection.settimeout(None)  # a request has come: no idle timeout while it is read and answered
+            return BaseHTTPRequestHandler.parse_request(self)
+
+        def log_error(self, fmt, *a):
+            if fmt.startswith("Request timed out"):
+                return  # an idle keep-alive connection closed: uvicorn does it without a word
+            BaseHTTPRequestHandler.log_error(self, fmt, *a)
 
         def log_message(self, fmt, *a):
             log("INFO", "%s - \"%s\" %s" % (self.client_address[0], self.requestline, a[1] if len(a) > 1 else ""))
