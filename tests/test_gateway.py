@@ -7,6 +7,8 @@ One cluster for the module; the tests run in file order."""
 import json
 import os
 import re
+import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -117,11 +119,11 @@ def vip_holder(c):
 
 
 def gateway_mode(c, tmp_path, **extra):
-    """Re-render the gateway alone (one engine host in the play: the plan needs no other)."""
+    """Re-render the gateway alone (the gateway hosts in the play: they act on themselves)."""
     f = tmp_path / "gateway-vars.json"
     f.write_text(json.dumps(extra))
     os.chmod(f, 0o600)  # tenant keys are secrets: a file, never the command line
-    return playbook(c, "gateway", "-l", "node01", "-e", "@%s" % f, timeout=300)
+    return playbook(c, "gateway", "-l", "gateway", "-e", "@%s" % f, timeout=300)
 
 
 def test_site_brings_up_both_instances_and_the_gateway_pair_and_validates_through_it(cluster):
@@ -134,6 +136,66 @@ def test_site_brings_up_both_instances_and_the_gateway_pair_and_validates_throug
         assert cluster.ssh(node, "podman inspect -f '{{.State.Running}}' vllm").stdout.strip() == "true"
     # active_standby: instance a serves
     assert {complete(cluster.url) for _ in range(6)} == {(200, "a-1")}
+
+
+def test_a_gateway_host_down_at_the_start_is_named_at_reach_and_no_engine_starts(cluster):
+    """The plays run over every host of the plan: a gateway host that does not answer is found before anything
+    changes (not after the engines reloaded), although the change would restart every engine."""
+    before = cluster.started(("node01", "node02", "node03", "node04"))
+    sim("fault", "--node", "gw02", "--fault", "node_down")
+    try:
+        out = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "-e", json.dumps(
+            {"npuops_vllm_overrides": {"max_num_seqs": 4}, "npuops_rollout_allow_downtime": True}),
+            "--skip-tags", "bench,preflight", "playbooks/site.yml"], check=False, timeout=600)
+    finally:
+        sim("fault", "--node", "gw02", "--fault", "clear")
+    assert out.returncode != 0
+    assert re.search(r"1 host\(s\) do not answer over SSH: gw02: ", out.stdout), out.stdout[-3000:]
+    assert "Nothing was changed" in out.stdout
+    assert cluster.started(before) == before
+
+
+LONG_PROMPT = " ".join("word%d" % (i % 97) for i in range(3000))
+
+
+def long_completion(url, timeout=60.0):
+    """One completion with a long prompt: -> status (None when the connection failed)."""
+    req = urllib.request.Request(url + "/v1/completions", method="POST", data=json.dumps(
+        {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 8}).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def test_plain_load_through_the_gateway_fails_no_request(cluster):
+    """24 clients with long prompts for LOAD_SECONDS (120 in CI) and no fault: every request answers 200 (the engines
+    listen with uvicorn's backlog and close idle keep-alive connections after its 5 s, as vLLM's server does; the
+    gateway must not send a request down a connection the engine just closed)."""
+    seconds = float(os.environ.get("NPUOPS_TEST_LOAD_SECONDS", "120"))
+    results, lock, stop = [], threading.Lock(), threading.Event()
+
+    def client(k):
+        while not stop.is_set():
+            status = long_completion(cluster.url)
+            with lock:
+                results.append(status)
+            stop.wait(0.2 + (k % 7) * 0.9)  # uneven pauses: some connections sit idle past the keep-alive timeout
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(24)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(timeout=90)
+    failed = [r for r in results if r != 200]
+    print("plain load: %d requests, %d failed (%s)" % (len(results), len(failed), sorted(set(map(str, failed)))))
+    assert len(results) > 24 * 10 and not failed, (len(results), failed[:10])
 
 
 def test_the_stats_endpoint_is_the_floating_address_with_one_entry_per_instance(cluster):
@@ -226,9 +288,8 @@ def test_a_killed_leader_of_a_fails_over_to_b_and_rollouts_lose_no_request(clust
         time.sleep(8)
     print("kill: failed=%d gap=%.1fs" % (load.failed, load.gap()))
     assert load.gap() <= 10.0 and "b-1" in load.servers_after(t_kill + 5), load.gap()
-    # the image tag, then one vLLM flag, rolled out under load: a (down) first, then b; no request fails
-    for extra in ({"npuops_image": OTHER_IMAGE},
-                  {"npuops_image": OTHER_IMAGE, "npuops_vllm_overrides": {"max_num_seqs": 8}}):
+    # the image tag and one vLLM flag, rolled out under load: a (down) first, then b; no request fails
+    for extra in ({"npuops_image": OTHER_IMAGE, "npuops_vllm_overrides": {"max_num_seqs": 8}},):
         with Load(cluster.url) as load:
             # the simulated engines start in seconds: 3 s of settling is plenty here (the default is 10)
             proc = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "-e", json.dumps(
@@ -248,6 +309,71 @@ def test_a_killed_leader_of_a_fails_over_to_b_and_rollouts_lose_no_request(clust
                                         "import sys;sys.stdout.write(s.makefile().read())"]).stdout
     rows = [r.split(",") for r in stat.splitlines() if r.startswith("be_service,")]
     assert {(r[1], r[17]) for r in rows if r[1] != "BACKEND"} == {("a-1", "UP"), ("b-1", "UP")}
+
+
+def admin_rows(c, gw):
+    """{server: status} of be_service at one gateway host, from its admin socket."""
+    stat = c.api.nsenter(gw, ["python3", "-c", "import socket;s=socket.socket(socket.AF_UNIX);"
+                                               "s.connect('/run/haproxy/admin.sock');s.sendall(b'show stat\\n');"
+                                               "import sys;sys.stdout.write(s.makefile().read())"]).stdout
+    return dict((r.split(",")[1], r.split(",")[17]) for r in stat.splitlines()
+                if r.startswith("be_service,") and not r.startswith("be_service,BACKEND"))
+
+
+def test_an_interrupted_rollout_is_named_by_status_and_finished_by_the_next_run_without_a_failed_request(
+        cluster, tmp_path):
+    change = {"npuops_image": OTHER_IMAGE, "npuops_vllm_overrides": {"max_num_seqs": 4},
+              "npuops_serve_settle_seconds": 3}
+    log = open(str(tmp_path / "rollout.log"), "w")
+    play = subprocess.Popen([BIN + "/ansible-playbook", "-i", cluster.inventory, "-e", json.dumps(change),
+                             "playbooks/rollout.yml"], cwd=REPO, env=env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while admin_rows(cluster, "gw01").get("a-1") != "DRAIN" and time.monotonic() < deadline:
+            assert play.poll() is None, open(str(tmp_path / "rollout.log")).read()[-3000:]
+            time.sleep(0.3)
+        assert admin_rows(cluster, "gw01").get("a-1") == "DRAIN"
+        os.killpg(play.pid, signal.SIGINT)  # the operator's Ctrl-C
+        play.wait(60)
+    finally:
+        if play.poll() is None:
+            os.killpg(play.pid, signal.SIGKILL)
+    assert admin_rows(cluster, "gw01")["a-1"] in ("DRAIN", "MAINT")
+    rc, out, stats = runner(cluster, tmp_path, "status")
+    assert rc != 0 and "instance a is out of rotation (gw01 DRAIN" in stats["npuops_status"]["gateway"]["reason"], \
+        out[-3000:]
+    with Load(cluster.url) as load:
+        proc = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "-e", json.dumps(change),
+                    "playbooks/rollout.yml"], timeout=600)
+    print("rollout after an interrupted one: requests=%d failed=%d" % (len(load.results), load.failed))
+    assert load.failed == 0, [r for r in load.results if r[2] != 200][:5]
+    # a was drained before its restart: it is restarted (its drain is already done) and put back, then b is rolled
+    assert proc.stdout.index("the in-flight requests finish - instance a") < proc.stdout.index(
+        "the in-flight requests finish - instance b")
+    for gw in ("gw01", "gw02"):
+        assert admin_rows(cluster, gw) == {"a-1": "UP", "b-1": "UP"}
+
+
+def test_haproxy_killed_on_both_gateways_is_named_by_status_and_recover_brings_the_address_back(cluster, tmp_path):
+    for gw in ("gw01", "gw02"):
+        master = cluster.api.nsenter(gw, ["cat", "/run/haproxy.pid"]).stdout.split()[0]
+        workers = cluster.api.nsenter(gw, ["pgrep", "-P", master], check=False).stdout.split()
+        cluster.api.nsenter(gw, ["kill", "-9", master] + workers)
+    deadline = time.monotonic() + 10
+    while complete(cluster.url, timeout=1.0)[0] is not None and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert complete(cluster.url, timeout=1.0)[0] is None  # the floating address is dead
+    rc, out, stats = runner(cluster, tmp_path, "status")
+    gateway = stats["npuops_status"]["gateway"]
+    assert rc != 0 and stats["npuops_status"]["state"] == "down", out[-3000:]
+    assert "gw01: HAProxy is not running" in gateway["reason"] and "gw02: HAProxy is not running" in gateway["reason"]
+    assert stats["npuops_status"]["instances"]["a"]["state"] == "healthy"  # the instances themselves are fine
+    rc, out, _stats = runner(cluster, tmp_path, "recover")
+    assert rc == 0 and re.search(r"Recovered the gateway on gw01, gw02 in [\d.]+s", out), out[-3000:]
+    assert complete(cluster.url)[0] == 200
+    rc, out, stats = runner(cluster, tmp_path, "status")
+    assert rc == 0 and stats["npuops_status"]["healthy"], out[-3000:]
 
 
 def test_canary_weights_split_within_a_binomial_bound(cluster, tmp_path):

@@ -13,6 +13,7 @@ import time
 from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.npuops.ascend.plugins.module_utils.container import ENGINE_OPTION
 from ansible_collections.npuops.ascend.plugins.plugin_utils.board import Board, board_dir
 
 
@@ -25,7 +26,7 @@ class ActionModule(ActionBase):
         result = super(ActionModule, self).run(tmp, task_vars)
         _spec, args = self.validate_argument_spec(argument_spec=dict(
             name=dict(type="str", required=True),
-            engine=dict(type="str", default="docker"),
+            engine=ENGINE_OPTION,
             url=dict(type="str"),
             timeout=dict(type="int", default=600),
             interval=dict(type="float", default=2),

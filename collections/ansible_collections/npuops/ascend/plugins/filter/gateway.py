@@ -19,10 +19,15 @@ import json
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.npuops.ascend.plugins.filter import topology
+
 ADMIN_SOCKET = "/run/haproxy/admin.sock"
 PID_FILE = "/run/haproxy.pid"
+KEEPALIVED_PID_FILE = "/run/keepalived.pid"  # keepalived's default (keepalived(8) --pid)
+HAPROXY_BIN = "/usr/sbin/haproxy"
+KEEPALIVED_BIN = "/usr/sbin/keepalived"
 TENANT_MAP = "/etc/haproxy/npuops-tenants.map"
-STATS_PORT = 8404
+STATS_PORT = topology.STATS_PORT
 SERVICE_BACKEND = "be_service"
 # A check every second; a server is down after 3 failed checks (300 ms apart once one failed), each bounded by
 # 1.5 s: a dead engine is out within ~1 s (connection refused), a frozen or wedged one within about 1 + 3 x 1.5
@@ -99,6 +104,11 @@ def haproxy_config(gateway, model, options=None):
         "    timeout server 600s",
         "    timeout http-request 10s",
         "    timeout queue 10s",
+        # the engines (uvicorn) close a keep-alive connection after 5 s idle: a request sent down an idle server
+        # connection at that moment gets nothing back, a 502. So no idle server connections (the clients keep
+        # theirs), and a request that got no byte back or could not connect is sent again, to another server
+        "    option http-server-close",
+        "    retry-on conn-failure empty-response",
         "    retries 2",
         "    option redispatch 1",
         "",
@@ -211,9 +221,13 @@ def rollout_order(plan, restart):
     return out
 
 
-def gateway_servers_of(gateway, instance):
-    """[{backend, server}] of one instance at the gateway (what a rolling update drains and puts back)."""
-    return [{"backend": be, "server": srv} for be, srv, inst in servers(gateway) if inst == instance]
+def gateway_servers_of(gateway, instances):
+    """[{backend, server}] of an instance (or a list of instances) at the gateway: what a rolling update drains and
+    puts back, what recover puts back."""
+    if not gateway:
+        return []
+    names = [instances] if isinstance(instances, str) else list(instances)
+    return [{"backend": be, "server": srv} for be, srv, inst in servers(gateway) if inst in names]
 
 
 class FilterModule(object):

@@ -150,8 +150,14 @@ def validate(groups, hostvars, presets, tiers=None):
     if not nodes:
         return ["the inventory has no hosts in group npu_nodes; put every NPU server in npu_nodes"]
     first = nodes[0]
-    problems.extend(variable_problems(sorted(set(nodes) | set(groups.get(topology.GATEWAY_GROUP, []))), hostvars,
-                                      tiers))
+    monitor = list(groups.get(hostvar(hostvars, first, "npuops_monitor_group", topology.MONITOR_GROUP)) or [])
+    planned = sorted(set(nodes) | set(groups.get(topology.GATEWAY_GROUP, [])) | set(monitor))
+    problems.extend(variable_problems(planned, hostvars, tiers))
+    for h in monitor:
+        if h not in nodes and not _ipv4(hostvar(hostvars, h, "npuops_node_ip")):
+            problems.append("host %s (group monitor): npuops_node_ip = %r is not an IPv4 address; set it to the "
+                            "address Prometheus listens on and scrapes the nodes from"
+                            % (h, hostvar(hostvars, h, "npuops_node_ip")))
     for name in CLUSTER_WIDE:
         problems.extend(_differs(nodes, hostvars, name, ""))
     tier_name = hostvar(hostvars, first, "npuops_tier")
@@ -213,7 +219,7 @@ def validate(groups, hostvars, presets, tiers=None):
                                 "pick another" % (proxy["port"], name, proxy["host"]))
 
     problems.extend(gateway_problems(groups, hostvars, nodes, topology.instances_of(groups, hostvars)))
-    problems.extend(address_problems(sorted(set(nodes) | set(groups.get(topology.GATEWAY_GROUP, []))), hostvars))
+    problems.extend(address_problems(planned, hostvars))
     problems.extend(instance_group_problems(groups, hostvars, nodes, tier))
 
     seen_ip, seen_fabric = {}, {}

@@ -21,13 +21,17 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.npuops.ascend.plugins.module_utils import npu_exporter
 from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
+
+PROMETHEUS_PORT = 9090
+PROMETHEUS_PID_FILE = "/run/npuops/prometheus.pid"  # the monitoring role's managed_process pid_file
 
 DEFAULTS = {
     "scrape_interval": "15s",
     "evaluation_interval": "15s",
     "scrape_timeout": "10s",
-    "exporter_port": 9911,
+    "exporter_port": npu_exporter.DEFAULT_PORT,
     "rule_files": ["/etc/npuops/prometheus/rules/*.yml"],
     "gateway_targets": [],
     # alert settings
@@ -148,16 +152,7 @@ def alert_rules(settings=None, extra_rules=None):
     return {"groups": [{"name": "npuops", "rules": rules}]}
 
 
-def monitor_hosts(groups, group="monitor"):
-    """The hosts of group `monitor`, or the first NPU node."""
-    hosts = list(groups.get(group) or [])
-    if hosts:
-        return hosts
-    nodes = list(groups.get("npu_nodes") or [])
-    return nodes[:1]
-
-
 class FilterModule(object):
     def filters(self):
         return {"prometheus_scrape_config": scrape_config, "prometheus_alert_rules": alert_rules,
-                "npu_exporter_probes": exporter_probes, "monitor_hosts": monitor_hosts}
+                "npu_exporter_probes": exporter_probes}

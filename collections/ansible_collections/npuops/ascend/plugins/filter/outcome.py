@@ -8,6 +8,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+from ansible_collections.npuops.ascend.plugins.plugin_utils import results
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 
@@ -26,49 +27,66 @@ def site_failures(hostvars, hosts, key):
                              for f in found)}
 
 
+def stage_gate(hostvars, step):
+    """The verdict of the one gate every stage passes after each step (the plan role's gate.yml): `step` names the
+    hosts, the registered key, the stage, the step, what was undone and, for results registered with
+    failed_when: false, the key every successful result carries (done_key)."""
+    return results.gate(hostvars, step["hosts"], step["key"], step["stage"], step["step"], step["undone"],
+                        step.get("done_key"))
+
+
 def unreachable_hosts(hostvars, hosts, key):
     """'host: why' for every host whose result under `key` says it was unreachable."""
     out = []
     for h in hosts:
-        res = hostvar(hostvars, h, key) or {}
-        if res.get("unreachable"):
-            out.append("%s: %s" % (h, (res.get("msg") or "no answer").strip().splitlines()[-1][:200]))
+        kind, _msg = results.outcome(hostvar(hostvars, h, key))
+        if kind == results.UNREACHABLE:
+            out.append("%s: %s" % (h, (str(hostvar(hostvars, h, key).get("msg") or "no answer")).strip()
+                                   .splitlines()[-1][:200]))
     return out
 
 
-def rollout_outcome(plan, model_spec, preflight=None, weights=None, validate=None, bench=None, failed=None,
-                    deploy=None, monitor=None):
-    """The outcome of site.yml for tools. A stage is None when it did not run (skipped by tag, or after a
-    failure)."""
-    plan = plan or {}
+def _preflight(p):
+    return {"ok": p.get("ok"), "go": p.get("go"),
+            "failures": [dict((k, f.get(k)) for k in ("host", "check", "device", "observed", "fix"))
+                         for f in p.get("failures") or []]}
+
+
+def _weights(w):
+    return {"seed": w.get("seed"), "total_bytes": int(w.get("total_bytes") or 0),
+            "files": len(w.get("files") or []) if isinstance(w.get("files"), list) else w.get("files"),
+            "copied_to": list(w.get("receivers") or [])}
+
+
+# each stage's part of the outcome, from what its role left (None: the stage did not run - skipped by tag, or after
+# a failure)
+STAGES = {
+    "preflight": _preflight,
+    "weights": _weights,
+    "deploy": lambda d: {"restarted": list(d.get("restart") or []), "changes": list(d.get("lines") or [])},
+    "validate": lambda v: {"ok": v.get("ok"), "checks": v.get("checks")},
+    "bench": lambda b: {"ok": b.get("ok"), "report_dir": b.get("report_dir"), "table": b.get("table")},
+    "monitor": lambda m: {"prometheus": list(m.get("prometheus_urls") or [])},
+}
+
+
+def rollout_outcome(plan, model_spec, stages=None):
+    """The outcome of site.yml for tools: the plan's endpoint, model, tier, nodes and instances, every stage's
+    result (`stages`: {stage: what its role left, or None}, and `failed`: site_failures' answer, or None)."""
+    plan, stages = plan or {}, stages or {}
+    failed = stages.get("failed")
     out = {"ok": not failed, "failed": failed or None, "endpoint": plan.get("endpoint"),
            "model": (model_spec or {}).get("served_model_name"), "tier": plan.get("tier"),
            "nodes": sorted(plan.get("hosts") or []),
            "instances": dict((name, {"endpoint": inst.get("endpoint"), "hosts": inst.get("hosts")})
                              for name, inst in sorted((plan.get("instances") or {}).items())),
-           "preflight": None, "weights": None, "deploy": None, "validate": None, "bench_report": None, "bench": None,
-           "monitor": None}
-    if preflight:
-        out["preflight"] = {"ok": preflight.get("ok"), "go": preflight.get("go"),
-                            "failures": [dict((k, f.get(k)) for k in ("host", "check", "device", "observed", "fix"))
-                                         for f in preflight.get("failures") or []]}
-    if weights:
-        out["weights"] = {"seed": weights.get("seed"), "total_bytes": int(weights.get("total_bytes") or 0),
-                          "files": len(weights.get("files") or []) if isinstance(weights.get("files"), list)
-                          else weights.get("files"), "copied_to": list(weights.get("receivers") or [])}
-    if deploy:
-        out["deploy"] = {"restarted": list(deploy.get("restart") or []), "changes": list(deploy.get("lines") or [])}
-    if validate:
-        out["validate"] = {"ok": validate.get("ok"), "checks": validate.get("checks")}
-    if bench:
-        out["bench_report"] = bench.get("report")
-        out["bench"] = {"ok": bench.get("ok"), "report_dir": bench.get("report_dir"), "table": bench.get("table")}
-    if monitor:
-        out["monitor"] = {"prometheus": list(monitor.get("prometheus_urls") or [])}
+           "bench_report": (stages.get("bench") or {}).get("report")}
+    for name, summary in STAGES.items():
+        out[name] = summary(stages[name]) if stages.get(name) else None
     return out
 
 
 class FilterModule(object):
     def filters(self):
         return {"rollout_outcome": rollout_outcome, "site_failures": site_failures,
-                "unreachable_hosts": unreachable_hosts}
+                "unreachable_hosts": unreachable_hosts, "stage_gate": stage_gate}

@@ -15,7 +15,9 @@ __metaclass__ = type
 
 import re
 
+from ansible_collections.npuops.ascend.plugins.filter import gateway, monitoring
 from ansible_collections.npuops.ascend.plugins.module_utils import hccn, npu_smi
+from ansible_collections.npuops.ascend.plugins.plugin_utils import results
 
 HBM_IDLE_MAX_MB = 8192  # an idle A3 die shows ~3.2-3.4 GB used (firmware); more means someone holds it
 
@@ -77,6 +79,58 @@ def preflight_gather(hostvars, hosts):
                      "hccn_check": collect(hostvars, [h], "npuops_hccn_result")[h]}) for h in hosts)
 
 
+def support_checks(plan, host, gateway_install=False, prometheus_port=monitoring.PROMETHEUS_PORT):
+    """host_check's arguments for what `host` does beside engines: a gateway host needs haproxy and keepalived
+    (unless npuops may install them), its service and stats ports free or held by its own HAProxy, and the floating
+    address; a Prometheus host its port free or held by its own Prometheus. None when the host has no such job."""
+    jobs = (plan.get("members") or {}).get(host) or []
+    args = {"binaries": [], "ports_free": [], "service_pid_files": [], "address": None}
+    if "gateway" in jobs:
+        gw = plan["gateway"]
+        if not gateway_install:
+            args["binaries"] += [{"path": path, "fix": "install the %s package on %s, or set npuops_gateway_install: "
+                                  "true to let npuops install it" % (name, host)}
+                                 for name, path in (("haproxy", gateway.HAPROXY_BIN),
+                                                    ("keepalived", gateway.KEEPALIVED_BIN))]
+        args["ports_free"] += [int(gw["port"]), gateway.STATS_PORT]
+        args["service_pid_files"] += [gateway.PID_FILE, gateway.KEEPALIVED_PID_FILE]
+        args["address"] = gw["vip"]
+    if "prometheus" in jobs:
+        args["ports_free"].append(int(prometheus_port))
+        args["service_pid_files"].append(monitoring.PROMETHEUS_PID_FILE)
+    return args if args["ports_free"] else None
+
+
+def support_rows(hostvars, plan, key):
+    """Report rows of the gateway and Prometheus hosts' checks (registered under `key`), and of the floating address:
+    it must answer only when a gateway host of the plan holds it (else another machine has it)."""
+    rows, answers, held = [], [], []
+    for host, jobs in sorted((plan.get("members") or {}).items()):
+        res = collect(hostvars, [host], key)[host]
+        if not isinstance(res, dict) or res.get("skipped"):
+            continue
+        if not _ok_result(res):
+            rows.append(_module_failure(host, "host_check", res))
+            continue
+        for p in res.get("failed_checks", []):
+            rows.append(row(host, p["check"], p["observed"], p["expected"], p["fix"]))
+        for h in res.get("held_by_service", []):
+            rows.append(row(host, "port_free", "port %s is held by the service (%s)" % (h["port"], h["owner"]),
+                            "port %s free or the service's own" % h["port"], "nothing to do", severity="service"))
+        address = res.get("address") or {}
+        if address.get("held"):
+            held.append(host)
+        elif address.get("answers"):
+            answers.append(host)
+    vip = (plan.get("gateway") or {}).get("vip")
+    if answers and not held:
+        rows.append(row(answers[0], "vip", "%s answers a ping, and no gateway host of the plan holds it" % vip,
+                        "%s free, or held by a gateway host of the plan" % vip,
+                        "another machine has the floating address: pick a free one for npuops_gateway_vip, or take "
+                        "it off that machine"))
+    return rows
+
+
 def reach_targets(reach, hostvars, key):
     """The plan's reach targets of a worker, each marked `live` when the leader's running service holds that port
     (found by the leader's host_check, registered under `key`): then the worker connects to the service itself."""
@@ -93,18 +147,17 @@ def row(host, check, observed, expected, fix, device=None, severity="error"):
 
 
 def _ok_result(res):
-    return isinstance(res, dict) and not res.get("failed") and not res.get("unreachable") and \
-        not res.get("skipped")
+    return results.outcome(res)[0] == results.OK
 
 
 def _module_failure(host, check, res):
-    if not isinstance(res, dict) or res.get("skipped"):
+    kind, msg = results.outcome(res)
+    if kind == results.SKIPPED:
         return row(host, check, "did not run", "ran", "see the task output for %s" % host)
-    if res.get("unreachable"):
-        return row(host, "ssh", res.get("msg", "unreachable"), "reachable over SSH",
+    if kind == results.UNREACHABLE:
+        return row(host, "ssh", msg, "reachable over SSH",
                    "check that %s is up, sshd answers and the inventory's address and key are right" % host)
-    return row(host, check, res.get("msg", "failed"), "succeeds", "see the message; run the module by hand on %s"
-               % host)
+    return row(host, check, msg or "failed", "succeeds", "see the message; run the module by hand on %s" % host)
 
 
 def image_generation(image):
@@ -145,9 +198,10 @@ def _hccn_rows(host, result, addr_owner):
 
 
 def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, requirements=None,
-                     strict=True):
-    """`hosts_results`: {host: {npu: facts or None, npu_result, host_check, hccn_check}}."""
-    rows = []
+                     strict=True, support=None):
+    """`hosts_results`: {host: {npu: facts or None, npu_result, host_check, hccn_check}}; `support`: the rows of the
+    gateway and Prometheus hosts (support_rows)."""
+    rows = list(support or [])
     want_gen = tier.get("generation")
     want_dies = int(tier.get("dies_per_node", 16))
     req = requirements or {}
@@ -272,7 +326,10 @@ def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, 
     warnings = [x for x in rows if x["severity"] == "warning"]
     service = [x for x in rows if x["severity"] == "service"]
     return {"ok": not failures, "go": not failures or not strict, "failures": failures, "warnings": warnings,
-            "service": service, "hosts": sorted(hosts_results), "table": format_table(rows)}
+            "service": service, "hosts": sorted(hosts_results),
+            "support_hosts": sorted(set(h for h, jobs in ((plan or {}).get("members") or {}).items()
+                                        if set(jobs) & {"gateway", "prometheus"})),
+            "table": format_table(rows)}
 
 
 def _int(value):
@@ -299,4 +356,5 @@ def format_table(rows):
 class FilterModule(object):
     def filters(self):
         return {"ping_mesh": ping_mesh, "preflight_report": preflight_report,
-                "collect": collect, "preflight_gather": preflight_gather, "reach_targets": reach_targets}
+                "collect": collect, "preflight_gather": preflight_gather, "reach_targets": reach_targets,
+                "preflight_support_checks": support_checks, "preflight_support_rows": support_rows}

@@ -191,26 +191,6 @@ def serve_containers(plan, hostvars, tier, model, options):
     return out
 
 
-def serve_failures(hostvars, hosts, key):
-    """'host: message' for every host whose registered result under `key` failed or was unreachable.
-
-    The role registers its waits with failed_when: false (to stop what it started before failing), which clears
-    `failed`; a failed result always carries a msg, a successful one never does. Hosts that only stopped waiting
-    because another one failed (`aborted`) are named last, after the hosts that failed first."""
-    first, after = [], []
-    for h in hosts:
-        res = hostvar(hostvars, h, key, {}) or {}
-        if res.get("skipped"):
-            continue
-        if res.get("unreachable"):
-            first.append("%s: unreachable (%s)" % (h, (res.get("msg") or "no answer")[:300]))
-        elif res.get("msg") and res.get("aborted"):
-            after.append("%s: %s" % (h, res["msg"]))
-        elif res.get("msg") and (res.get("failed") or "ready_after" not in res):
-            first.append("%s: %s" % (h, res["msg"]))
-    return first + after
-
-
 def serve_restarts(hostvars, plan, key, force=(), active=None):
     """From every engine's preview (vllm_container in check mode, registered under `key`): which engine groups
     restart, the lines that say why, which serving instances that interrupts, and the hosts that could not be
@@ -276,6 +256,21 @@ def plan_report(containers, plan):
             "gateway": plan.get("gateway")}
 
 
+def serve_leftovers(last, plan):
+    """'host: ...' lines for the hosts of the last deployment (its record: {hosts: {host: instance}}) that the plan no
+    longer has: their engine containers (running or exited) and NPU exporters are still there, and nothing of this
+    run reaches them."""
+    gone = sorted(h for h in ((last or {}).get("hosts") or {}) if h not in plan["hosts"])
+    return ["%s ran an engine of instance %s in the last deployment and is no longer in the inventory: its container "
+            "and NPU exporter are still there; stop them (playbooks/stop.yml with an inventory that has it, or by "
+            "hand)" % (h, last["hosts"][h]) for h in gone]
+
+
+def deployment_record(plan):
+    """What the next run compares its plan with: every engine host and its instance."""
+    return {"tier": plan["tier"], "hosts": dict((h, e["instance"]) for h, e in sorted(plan["hosts"].items()))}
+
+
 def board_dirs(run_id, phases=("settle", "ready")):
     """The controller-side status boards of one deploy run (to remove them when it ends)."""
     return [board.board_dir("%s-%s" % (run_id, phase)) for phase in phases]
@@ -283,6 +278,6 @@ def board_dirs(run_id, phases=("settle", "ready")):
 
 class FilterModule(object):
     def filters(self):
-        return {"serve_containers": serve_containers, "serve_failures": serve_failures,
-                "serve_restarts": serve_restarts, "plan_report": plan_report,
-                "board_dirs": board_dirs}
+        return {"serve_containers": serve_containers, "serve_restarts": serve_restarts, "plan_report": plan_report,
+                "board_dirs": board_dirs, "serve_leftovers": serve_leftovers,
+                "serve_deployment_record": deployment_record}

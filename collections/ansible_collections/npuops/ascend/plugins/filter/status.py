@@ -15,7 +15,9 @@ __metaclass__ = type
 
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
-HEALTHY, DEGRADED, DOWN = "healthy", "degraded", "down"
+HEALTHY = "healthy"
+DEGRADED = "degraded"
+DOWN = "down"
 
 
 def _containers_of(plan, containers, instance):
@@ -51,11 +53,62 @@ def _container_problem(host, name, result):
     return None
 
 
-def service_status(plan, hostvars, containers, key, probes):
-    """-> {healthy, state, instances: {name: {state, reason, hosts, problems}}, summary: [lines]}.
+GATEWAY = "gateway"
+
+
+def gateway_status(plan, hostvars, key, probes):
+    """The front door of replicas: the floating address answers a token, HAProxy and keepalived run on every gateway
+    host, and which instance's servers are out of rotation (drained or in maintenance) at which host.
+    -> {state, reason, problems, hosts: {host: {...}}, out_of_rotation: {instance: ["gw01 DRAIN", ...]}} or None."""
+    gw = plan.get("gateway")
+    if not gw:
+        return None
+    problems, hosts, out = [], {}, {}
+    instance_of = {}
+    for inst in gw["instances"]:
+        for i in range(len(gw["backends"][inst])):
+            instance_of["%s-%d" % (inst, i + 1)] = inst
+    for host in gw["hosts"]:
+        res = hostvar(hostvars, host, key, {}) or {}
+        if res.get("unreachable"):
+            problems.append("%s: unreachable (%s)" % (host, (res.get("msg") or "no answer").splitlines()[0][:200]))
+            continue
+        if res.get("failed") or res.get("skipped") or "haproxy" not in res:
+            problems.append("%s: %s" % (host, res.get("msg") or "the gateway check did not run"))
+            continue
+        hosts[host] = {"haproxy": res["haproxy"]["running"], "keepalived": res["keepalived"]["running"],
+                       "vip_held": res.get("vip_held", False)}
+        if not res["haproxy"]["running"]:
+            problems.append("%s: HAProxy is not running" % host)
+        if not res["keepalived"]["running"]:
+            problems.append("%s: keepalived is not running" % host)
+        for srv in res.get("servers") or []:
+            inst = instance_of.get(srv["server"])
+            if inst and srv["state"] != "ready":
+                out.setdefault(inst, []).append("%s %s" % (host, srv["status"]))
+    if hosts and not any(h["vip_held"] for h in hosts.values()):
+        problems.append("no gateway host holds the floating address %s" % gw["vip"])
+    front = ((probes or {}).get(GATEWAY) or {}).get("front") or {"ok": False, "detail": "not probed"}
+    for inst, where in sorted(out.items()):
+        problems.append("instance %s is out of rotation (%s)" % (inst, ", ".join(where)))
+    if front.get("ok"):
+        state = HEALTHY if not problems else DEGRADED
+        took = front.get("seconds", 0)
+        reason = "; ".join(problems) if problems else "a token in %.2fs through %s" % (took, gw["endpoint"])
+    else:
+        state = DOWN
+        reason = "; ".join(["%s through the floating address %s" % (front.get("detail"), gw["endpoint"])] + problems)
+    return {"state": state, "reason": reason, "problems": problems, "hosts": hosts, "out_of_rotation": out,
+            "endpoint": gw["endpoint"]}
+
+
+def service_status(plan, hostvars, containers, key, probes, gateway_key=None):
+    """-> {healthy, state, instances: {name: {state, reason, hosts, problems}}, gateway, summary: [lines]}.
 
     `containers` is the plan role's npuops_containers; `key` the registered vllm_container_info result on every
-    host; `probes` service_probe's probes."""
+    host; `probes` service_probe's probes; `gateway_key` the registered gateway_info result on every gateway host.
+    With a gateway, the service is down when its floating address gives no token, and degraded when a gateway
+    host lacks HAProxy or keepalived or an instance is out of rotation."""
     out = {}
     for name, inst in plan["instances"].items():
         problems = []
@@ -86,14 +139,28 @@ def service_status(plan, hostvars, containers, key, probes):
     service = HEALTHY if states == {HEALTHY} else (DOWN if states == {DOWN} else DEGRADED)
     summary = ["%s: %s (%s) - %s" % (name, v["state"], ", ".join(v["hosts"]), v["reason"])
                for name, v in sorted(out.items())]
-    return {"healthy": service == HEALTHY, "state": service, "instances": out, "summary": summary}
+    gateway = gateway_status(plan, hostvars, gateway_key, probes) if gateway_key else None
+    if gateway:
+        if gateway["state"] == DOWN:
+            service = DOWN
+        elif gateway["state"] == DEGRADED and service == HEALTHY:
+            service = DEGRADED
+        summary.append("%s: %s (%s) - %s" % (GATEWAY, gateway["state"], ", ".join(plan["gateway"]["hosts"]),
+                                             gateway["reason"]))
+    return {"healthy": service == HEALTHY, "state": service, "instances": out, "gateway": gateway,
+            "summary": summary}
 
 
 def status_probe_targets(plan, model):
-    """The service_probe instances of the plan: each instance's front door and its serving engines."""
-    return [{"name": name, "url": inst["endpoint"], "model": model, "health_path": inst["health_path"],
-             "engines": [u for u in inst["api_urls"] if u != inst["endpoint"]]} for name, inst in
-            sorted(plan["instances"].items())]
+    """The service_probe instances of the plan: each instance's front door and its serving engines, and with a
+    gateway its floating address (named `gateway`)."""
+    out = [{"name": name, "url": inst["endpoint"], "model": model, "health_path": inst["health_path"],
+            "engines": [u for u in inst["api_urls"] if u != inst["endpoint"]]} for name, inst in
+           sorted(plan["instances"].items())]
+    if plan.get("gateway"):
+        out.append({"name": GATEWAY, "url": plan["gateway"]["endpoint"], "model": model, "health_path": "/health",
+                    "engines": []})
+    return out
 
 
 def unhealthy_groups(plan, status):
@@ -105,7 +172,43 @@ def unhealthy_groups(plan, status):
     return keys
 
 
+def rotation(hostvars, plan, key):
+    """From every gateway host's gateway_info (registered under `key`): {instance: "in" | "out" | "unknown"}. An
+    instance is in rotation when every server of it is ready and UP at every gateway host that answered; out when
+    any is drained or in maintenance somewhere; unknown when no gateway host could be read."""
+    gw = plan.get("gateway")
+    if not gw:
+        return {}
+    instance_of = {}
+    for inst in gw["instances"]:
+        for i in range(len(gw["backends"][inst])):
+            instance_of["%s-%d" % (inst, i + 1)] = inst
+    state = dict((inst, None) for inst in gw["instances"])
+    for host in gw["hosts"]:
+        res = hostvar(hostvars, host, key, {}) or {}
+        for srv in res.get("servers") or []:
+            inst = instance_of.get(srv["server"])
+            if inst is None:
+                continue
+            ok = srv["state"] == "ready" and srv["status"].upper().startswith("UP")
+            if srv["state"] != "ready":
+                state[inst] = "out"
+            elif state[inst] != "out":
+                state[inst] = "in" if ok and state[inst] in (None, "in") else "down"
+    return dict((inst, v or "unknown") for inst, v in state.items())
+
+
+def gateway_repairs(status):
+    """What recover does at the gateway: the gateway hosts whose HAProxy or keepalived is down (the gateway role
+    starts them again), and the healthy instances out of rotation (put back)."""
+    gw = status.get("gateway") or {}
+    restart = sorted(h for h, v in (gw.get("hosts") or {}).items() if not (v["haproxy"] and v["keepalived"]))
+    back = sorted(i for i in (gw.get("out_of_rotation") or {}) if status["instances"][i]["state"] == HEALTHY)
+    return {"restart": restart, "back": back, "any": bool(restart or back)}
+
+
 class FilterModule(object):
     def filters(self):
         return {"service_status": service_status, "status_probe_targets": status_probe_targets,
-                "unhealthy_groups": unhealthy_groups}
+                "unhealthy_groups": unhealthy_groups, "gateway_repairs": gateway_repairs,
+                "gateway_rotation": rotation}

@@ -34,8 +34,10 @@ HCCL_HOST_PORTS = 16  # HCCL_IF_BASE_PORT .. +15: one host listen port per devic
 MIN_KV_PORT_A3 = 36000
 LAUNCHES = ("multinode", "dp_internal", "dp_external")
 GATEWAY_GROUP = "gateway"
+MONITOR_GROUP = "monitor"
 GATEWAY_MODES = ("active_standby", "active_active", "canary", "tenant")
 GATEWAY_PORT = 8000
+STATS_PORT = 8404  # HAProxy's stats page, on 127.0.0.1 of each gateway host (filter gateway renders it)
 
 
 class PlanError(Exception):
@@ -281,10 +283,38 @@ def plan(groups, hostvars, tier):
         }
     first = instances[next(iter(instances))]
     gateway = plan_gateway(groups, hostvars, instances)
-    return {"tier": tier.get("name"), "hosts": hosts, "instances": instances, "gateway": gateway,
-            "endpoint": gateway["endpoint"] if gateway else first["endpoint"],
-            "health_path": "/health" if gateway else first["health_path"],
-            "api_urls": [u for i in instances.values() for u in i["api_urls"]], "load_host": first["load_host"]}
+    monitor = plan_monitor(groups, hostvars)
+    out = {"tier": tier.get("name"), "hosts": hosts, "instances": instances, "gateway": gateway, "monitor": monitor,
+           "endpoint": gateway["endpoint"] if gateway else first["endpoint"],
+           "health_path": "/health" if gateway else first["health_path"],
+           "api_urls": [u for i in instances.values() for u in i["api_urls"]], "load_host": first["load_host"]}
+    out["members"] = plan_members(out)
+    return out
+
+
+def plan_monitor(groups, hostvars):
+    """Where Prometheus runs: the hosts of group ``monitor`` (``npuops_monitor_group``), or the first NPU node."""
+    nodes = list(groups.get("npu_nodes") or [])
+    name = hostvar(hostvars, nodes[0], "npuops_monitor_group", MONITOR_GROUP) if nodes else MONITOR_GROUP
+    return {"group": name, "hosts": list(groups.get(name) or []) or nodes[:1]}
+
+
+def plan_members(plan):
+    """{host: [jobs]} of every host the plan gives something to do: engine (and proxy) hosts, gateway hosts, the
+    Prometheus hosts and the load host. Plays run over these hosts and each role acts on its own; a host of the
+    inventory without a job leaves the play once the plan is made."""
+    out = {}
+    for host in plan["hosts"]:
+        out.setdefault(host, []).append("engine")
+    for inst in plan["instances"].values():
+        if inst.get("proxy"):
+            out.setdefault(inst["proxy"]["host"], []).append("proxy")
+    for host in (plan.get("gateway") or {}).get("hosts", []):
+        out.setdefault(host, []).append("gateway")
+    for host in (plan.get("monitor") or {}).get("hosts", []):
+        out.setdefault(host, []).append("prometheus")
+    out.setdefault(plan["load_host"], []).append("load")
+    return out
 
 
 def plan_gateway(groups, hostvars, instances):
@@ -307,7 +337,7 @@ def plan_gateway(groups, hostvars, instances):
                 address, p = url[len("http://"):].rsplit(":", 1)
                 servers.append({"address": address, "port": int(p)})
         backends[name] = servers
-    return {"hosts": gw_hosts, "vip": vip, "port": port,
+    return {"hosts": gw_hosts, "vip": vip, "port": port, "stats_port": STATS_PORT,
             "addresses": dict((h, _node_ip(hostvars, h)) for h in gw_hosts),
             "mode": str(hostvar(hostvars, first, "npuops_gateway_mode", "active_standby")),
             "endpoint": "http://%s:%d" % (vip, port), "instances": list(instances), "backends": backends}

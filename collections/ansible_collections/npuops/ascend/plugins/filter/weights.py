@@ -42,36 +42,15 @@ def weights_servers(chain, receivers):
     return chain[:max(positions)] if positions else []
 
 
-def weights_failures(hostvars, hosts, key):
-    """{host: reason} of the hosts whose result registered under `key` failed or was unreachable. A host that
-    only stopped because another one failed is not a cause: it is left out while a cause is known."""
-    causes, echoes = {}, {}
-    for h in hosts:
-        r = hostvar(hostvars, h, key)
-        if not isinstance(r, dict):
-            continue
-        if r.get("unreachable"):
-            causes[h] = "unreachable (%s)" % str(r.get("msg") or "no answer").strip().splitlines()[0][:300]
-        elif r.get("failed"):
-            msg = str(r.get("msg") or "failed").strip()
-            (echoes if r.get("state") == "stopped" else causes)[h] = msg[:1000]
-    return causes or echoes
-
-
-def weights_failure_message(failures, stage):
-    """One message naming every failed host and its reason."""
-    return "\n".join(["The weights stage failed (%s) on %d host(s); the weight servers and copy jobs of this run "
-                      "were stopped on every reachable host:" % (stage, len(failures))]
-                     + ["- %s: %s" % (h, why) for h, why in sorted(failures.items())])
-
-
 # TCP/IP over Ethernet carries about 94% of the line rate as payload (1448 of 1538 bytes per full frame)
 TCP_PAYLOAD_SHARE = 0.94
 
 
 # a relay forwards what one read brought (64 KiB at least, more while the data flows) and looks for new bytes
 # at most every 16 ms: what each hop of the chain adds before its downstream has the bytes
-READ_MIN_BYTES, HOP_POLL_SECONDS, HOP_READ_SECONDS = 64 * 1024, 0.016, 0.02
+READ_MIN_BYTES = 64 * 1024
+HOP_POLL_SECONDS = 0.016
+HOP_READ_SECONDS = 0.02
 
 
 # what plan.yml assumes when the inventory does not say (npuops_disk_write_mb_s, npuops_fabric_link_gbit): the
@@ -129,8 +108,8 @@ def weights_stray(hostvars, hosts, seed, need_key="npuops_weights_need", manifes
         else:
             files, why = (hostvar(hostvars, h, need_key, {}) or {}).get("stray") or [], "not in the seed's manifest"
         if files:
-            lines.append("%s: %s (%s)" % (h, ", ".join(files[:20]) + (" and %d more" % (len(files) - 20)
-                                                                         if len(files) > 20 else ""), why))
+            more = " and %d more" % (len(files) - 20) if len(files) > 20 else ""
+            lines.append("%s: %s%s (%s)" % (h, ", ".join(files[:20]), more, why))
     return lines
 
 
@@ -166,8 +145,8 @@ def weights_hub_env(source, token="", endpoint=""):
 
 class FilterModule(object):
     def filters(self):
-        return {"weights_stray": weights_stray, "weights_chain": weights_chain, "weights_sources": weights_sources, "weights_servers": weights_servers,
-                "weights_failures": weights_failures, "weights_failure_message": weights_failure_message,
+        return {"weights_stray": weights_stray, "weights_chain": weights_chain, "weights_sources": weights_sources,
+                "weights_servers": weights_servers,
                 "weights_summary": weights_summary, "weights_copy_projection": weights_copy_projection,
                 "publisher_manifest": publisher_manifest, "weights_download_argv": weights_download_argv,
                 "weights_listing_url": weights_listing_url, "weights_hub_env": weights_hub_env}

@@ -38,6 +38,9 @@ MANAGED = ("image", "command", "env", "secret_env", "devices", "mounts", "shm_si
 # without root on the node (a plain sha256 prefix of an API key can be brute-forced from `inspect`).
 DIGEST_KEY = "/var/lib/npuops/secret-digest.key"
 UNKNOWN_DIGEST = "(digest key missing)"
+# the argument spec of the option `engine` that every module of the action group npuops.ascend.container takes
+# (doc fragment container_engine)
+ENGINE_OPTION = dict(type="str", choices=["docker", "podman", "isula"], default="docker")
 ACTIONS = ("none", "create", "recreate", "start", "stop", "remove")
 
 

@@ -12,6 +12,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import errno
+import os
 import socket
 import time
 
@@ -94,3 +96,32 @@ def wait(path, backend, name, until, timeout, interval=0.2, clock=time.monotonic
             raise AdminError("%s/%s: still %s with %d session(s) after %ds"
                              % (backend, name, info["status"], info["scur"], timeout))
         sleep(interval)
+
+
+def servers(path, timeout=5.0):
+    """Every server of every backend, as HAProxy sees it now: [{backend, server, status, state, sessions}] (state:
+    the admin state, ready / drain / maint)."""
+    out = []
+    for r in parse_stat(command(path, "show stat", timeout)):
+        if r.get("svname") in ("FRONTEND", "BACKEND"):
+            continue
+        status = r.get("status", "")
+        out.append({"backend": r.get("pxname"), "server": r.get("svname"), "status": status,
+                    "state": state_of(status), "sessions": int(r.get("scur") or 0)})
+    return out
+
+
+def pid_running(pid_file):
+    """The pid in `pid_file` when that process runs (the first line; HAProxy's master writes its own), else None."""
+    try:
+        with open(pid_file) as f:
+            pid = int(f.readline().strip() or 0)
+    except (IOError, OSError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except OSError as e:
+        return pid if e.errno == errno.EPERM else None
+    return pid

@@ -162,6 +162,53 @@ def check_ports_free(ports, proc_root="/proc", service_pids=()):
     return problems, held
 
 
+def pid_file_tree(pid_files, proc_root="/proc"):
+    """The pids recorded in `pid_files` (first line each) that run, and all their descendants: a service's own
+    processes (HAProxy's master and workers, keepalived, Prometheus), whose ports are the service's. A pid file
+    holds the pid on its first line (HAProxy, keepalived) or is the JSON record of managed_process ({"pid": ...})."""
+    roots = set()
+    for path in pid_files or ():
+        try:
+            with open(path) as f:
+                text = f.read(4096)
+            first = text.strip().split("\n", 1)[0].strip()
+            pid = int(json.loads(text).get("pid") or 0) if first.startswith("{") else int(first or 0)
+        except (IOError, OSError, ValueError, AttributeError, TypeError):
+            continue
+        if pid > 0 and os.path.isdir(os.path.join(proc_root, str(pid))):
+            roots.add(pid)
+    children = {}
+    for entry in os.listdir(proc_root) if roots else ():
+        if entry.isdigit():
+            try:
+                with open(os.path.join(proc_root, entry, "stat")) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (IOError, OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def check_binaries(binaries, exists=os.path.exists):
+    """`binaries`: [{path, fix}]; each missing one is a problem with its fix."""
+    return [fail("packages", "%s is not installed" % b["path"], "%s installed" % b["path"], b["fix"])
+            for b in binaries or () if not exists(b["path"])]
+
+
+def address_state(address, run, addresses=None):
+    """Whether this host holds `address`, and whether it answers a ping from here: a floating address that answers
+    while no gateway host of the plan holds it belongs to another machine."""
+    held = any(address in addrs for addrs in (addresses or {}).values())
+    answers = held or run(["ping", "-c", "1", "-W", "1", address])[0] == 0
+    return {"address": address, "held": held, "answers": answers}
+
+
 def check_shm(min_bytes, path="/dev/shm"):
     try:
         st = os.statvfs(path)

@@ -44,8 +44,8 @@ def walk(root):
     root = os.path.abspath(root)
     for base, dirs, files in os.walk(root, followlinks=False):
         rel_base = os.path.relpath(base, root)
-        dirs[:] = sorted(d for d in dirs if not (rel_base == "." and d == STATE_DIR)
-                         and not os.path.islink(os.path.join(base, d)))
+        dirs[:] = sorted(d for d in dirs if not (rel_base == "." and d == STATE_DIR) and
+                         not os.path.islink(os.path.join(base, d)))
         for name in sorted(files):
             full = os.path.join(base, name)
             if name.endswith(PARTIAL) or os.path.islink(full) or not os.path.isfile(full):

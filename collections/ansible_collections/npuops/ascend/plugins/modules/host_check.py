@@ -116,6 +116,30 @@ options:
       - Path of C(npu-smi) for O(npu_facts). By default it is looked up on E(PATH), then in C(/usr/local/bin) and
         C(/usr/local/sbin).
     type: path
+  binaries:
+    description: Programs this host needs (a gateway host's haproxy and keepalived); each missing one is a failed check
+      with its RV(failed_checks) fix.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The program's path.
+        type: path
+        required: true
+      fix:
+        description: What to do when it is missing.
+        type: str
+        required: true
+  service_pid_files:
+    description: Pid files of the service's own daemons here (HAProxy, keepalived, Prometheus); a port their processes
+      (or their children) hold is the service's, not a failure.
+    type: list
+    elements: path
+    default: []
+  address:
+    description: A floating address; RV(address) says whether this host holds it and whether it answers a ping.
+    type: str
   command_timeout:
     description: Seconds each external command (C(ip), the container CLI, C(npu-smi)) may take.
     type: int
@@ -196,10 +220,15 @@ service:
   elements: dict
   sample: [{name: vllm, id: 5f1c..., running: true, status: running, labels: {io.npuops.role: leader}, pids: [4475]}]
 service_pids:
-  description: Processes of the service's own running containers.
+  description: Processes of the service's own running containers and of O(service_pid_files).
   returned: always
   type: list
   elements: int
+address:
+  description: Whether this host holds O(address) (C(held)) and whether it answers a ping from here (C(answers)).
+  returned: when O(address) is given
+  type: dict
+  sample: {address: 192.168.100.250, held: false, answers: false}
 held_by_service:
   description: Ports of O(ports_free) that the service's own processes hold (not a failure).
   returned: always
@@ -255,6 +284,10 @@ def main():
             npu_facts=dict(type="bool", default=False),
             npu_smi_path=dict(type="path"),
             command_timeout=dict(type="int", default=30),
+            binaries=dict(type="list", elements="dict", default=[],
+                          options=dict(path=dict(type="path", required=True), fix=dict(type="str", required=True))),
+            service_pid_files=dict(type="list", elements="path", default=[]),
+            address=dict(type="str"),
         ),
         required_by={"nic": "node_ip"},
         supports_check_mode=True,
@@ -277,7 +310,11 @@ def main():
                                       "repair the %s installation (is its daemon running?)" % p["container_engine"]))
         for c in result["service"]:
             service_pids.update(c["pids"])
+    service_pids.update(host.pid_file_tree(p["service_pid_files"]))
     result["service_pids"] = sorted(service_pids)
+    problems += host.check_binaries(p["binaries"])
+    if p["address"]:
+        result["address"] = host.address_state(p["address"], run, host.ipv4_addresses(run))
     if p["npu_facts"]:
         try:
             tool = npu_smi.locate(module.get_bin_path, p["npu_smi_path"])

@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 ---
 module: managed_process
 short_description: A long-running process owned through its pid file, on hosts without systemd
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Keeps one process running with exactly the command line O(argv), recorded in O(pid_file) with its start time
     (a recycled pid is never taken for it). The same command line running -> nothing changes; another one -> the

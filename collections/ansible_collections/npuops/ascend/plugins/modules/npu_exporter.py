@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 ---
 module: npu_exporter
 short_description: Run the npuops NPU exporter on a node as a pid-tracked background process
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Starts (or stops) the node-side NPU exporter, a small standard-library HTTP server that serves Prometheus text
     at C(/metrics) on O(address):O(port) with per chip health, HBM used/total, temperature, power, AI Core

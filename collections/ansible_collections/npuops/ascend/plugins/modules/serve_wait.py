@@ -25,16 +25,13 @@ description:
   - In check mode it waits for nothing.
 author:
   - npuops maintainers (@npuops)
+extends_documentation_fragment:
+  - npuops.ascend.container_engine
 options:
   name:
     description: The container.
     type: str
     required: true
-  engine:
-    description: The container CLI.
-    type: str
-    choices: [docker, podman, isula]
-    default: docker
   url:
     description: The URL that answers 2xx once the engine (or its group) is ready; without it the container must only stay up.
     type: str

@@ -35,6 +35,7 @@ description:
 author:
   - npuops maintainers (@npuops)
 extends_documentation_fragment:
+  - npuops.ascend.container_engine
   - npuops.ascend.endpoint
 options:
   model:
@@ -64,11 +65,6 @@ options:
     description: Let the tokenizer run its own code (Kimi's tokenizer is custom code).
     type: bool
     default: false
-  engine:
-    description: The container CLI on this host, needed by V(random) points.
-    type: str
-    choices: [docker, podman, isula]
-    default: docker
   container:
     description: The engine container V(random) points run C(vllm bench serve) in.
     type: str
@@ -140,6 +136,7 @@ import re
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.npuops.ascend.plugins.module_utils import bench
+from ansible_collections.npuops.ascend.plugins.module_utils.container import ENGINE_OPTION
 from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import ApiError, Client
 
 POINT_KEYS = {"random": ("input_len", "output_len", "num_prompts"),
@@ -178,7 +175,7 @@ def main():
             api_key=dict(type="str", no_log=True),
             model=dict(type="str", required=True),
             points=dict(type="list", elements="dict", required=True),
-            engine=dict(type="str", choices=["docker", "podman", "isula"], default="docker"),
+            engine=ENGINE_OPTION,
             container=dict(type="str"),
             tokenizer=dict(type="str", no_log=False),
             tokenizer_mode=dict(type="str", default="auto", no_log=False),
@@ -199,13 +196,12 @@ def main():
     if module.check_mode:
         module.exit_json(changed=False, planned=planned, results=[])
 
-    exec_in_container = None
-    if p["container"]:
-        cli = module.get_bin_path(p["engine"], required=True)
+    cli = module.get_bin_path(p["engine"], required=True) if p["container"] else None
 
-        def exec_in_container(argv):
-            args, kwargs = bench.exec_argv(cli, p["container"], argv, p["api_key"])
-            return module.run_command(args, **kwargs)
+    def run_in_container(argv):
+        args, kwargs = bench.exec_argv(cli, p["container"], argv, p["api_key"])
+        return module.run_command(args, **kwargs)
+    exec_in_container = run_in_container if cli else None
 
     tokenizer = {"path": p["tokenizer"], "mode": p["tokenizer_mode"], "trust_remote_code": p["trust_remote_code"]}
     client = Client(p["url"], p["api_key"], timeout=p["timeout"])

@@ -30,6 +30,8 @@ description:
   - Every call of the container CLI is bounded by O(command_timeout).
 author:
   - npuops maintainers (@npuops)
+extends_documentation_fragment:
+  - npuops.ascend.container_engine
 options:
   name:
     description: Container name.
@@ -44,11 +46,6 @@ options:
     type: str
     choices: [started, stopped, absent, ready]
     default: started
-  engine:
-    description: The container CLI.
-    type: str
-    choices: [docker, podman, isula]
-    default: docker
   image:
     description: Image reference (a digest pin is best). Required with O(state=started).
     type: str
@@ -245,7 +242,7 @@ def main():
         argument_spec=dict(
             name=dict(type="str", required=True),
             state=dict(type="str", choices=["started", "stopped", "absent", "ready"], default="started"),
-            engine=dict(type="str", choices=["docker", "podman", "isula"], default="docker"),
+            engine=ct.ENGINE_OPTION,
             image=dict(type="str"),
             command=dict(type="list", elements="str", default=[]),
             env=dict(type="dict", default={}),

@@ -20,17 +20,14 @@ description:
     call.
 author:
   - npuops maintainers (@npuops)
+extends_documentation_fragment:
+  - npuops.ascend.container_engine
 options:
   names:
     description: Container names.
     type: list
     elements: str
     required: true
-  engine:
-    description: The container CLI.
-    type: str
-    choices: [docker, podman, isula]
-    default: docker
   log_lines:
     description: Lines of log to return for a container that exists but does not run.
     type: int
@@ -77,7 +74,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             names=dict(type="list", elements="str", required=True),
-            engine=dict(type="str", choices=["docker", "podman", "isula"], default="docker"),
+            engine=ct.ENGINE_OPTION,
             log_lines=dict(type="int", default=20),
             command_timeout=dict(type="int", default=15),
         ),

@@ -71,9 +71,16 @@ def test_gateway_targets_are_a_job_of_their_own():
     assert "prometheus" not in jobs
 
 
-def test_monitor_hosts_default_to_the_first_node():
-    assert monitoring.monitor_hosts({"npu_nodes": ["node01", "node02"]}) == ["node01"]
-    assert monitoring.monitor_hosts({"npu_nodes": ["node01"], "monitor": ["node02"]}) == ["node02"]
+def test_monitor_hosts_default_to_the_first_node_and_every_host_of_the_plan_has_its_jobs():
+    from ansible_collections.npuops.ascend.plugins.filter import topology
+    assert topology.plan_monitor({"npu_nodes": ["node01", "node02"]}, {})["hosts"] == ["node01"]
+    assert topology.plan_monitor({"npu_nodes": ["node01"], "monitor": ["mon1"]}, {})["hosts"] == ["mon1"]
+    assert topology.plan_monitor({"npu_nodes": ["node01"], "obs": ["mon2"]},
+                                 {"node01": {"npuops_monitor_group": "obs"}})["hosts"] == ["mon2"]
+    plan = {"hosts": {"node01": {}, "node02": {}}, "instances": {"main": {"proxy": {"host": "node02"}}},
+            "gateway": {"hosts": ["gw1", "gw2"]}, "monitor": {"hosts": ["mon1"]}, "load_host": "node01"}
+    assert topology.plan_members(plan) == {"node01": ["engine", "load"], "node02": ["engine", "proxy"],
+                                           "gw1": ["gateway"], "gw2": ["gateway"], "mon1": ["prometheus"]}
 
 
 def test_alert_settings_change_for_and_thresholds():
@@ -151,7 +158,7 @@ def test_filters_are_registered(name):
 def test_the_outcome_carries_the_prometheus_urls():
     from ansible_collections.npuops.ascend.plugins.filter import outcome
     out = outcome.rollout_outcome(dp_plan(), {"served_model_name": "kimi-k3"},
-                                  monitor={"prometheus_urls": ["http://10.0.0.11:9090"], "exporter_port": 9911})
+                                  {"monitor": {"prometheus_urls": ["http://10.0.0.11:9090"], "exporter_port": 9911}})
     assert out["monitor"] == {"prometheus": ["http://10.0.0.11:9090"]}
     assert outcome.rollout_outcome(dp_plan(), {})["monitor"] is None
 

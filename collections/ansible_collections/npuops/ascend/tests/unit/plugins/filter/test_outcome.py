@@ -9,16 +9,16 @@ from ansible_collections.npuops.ascend.plugins.filter import outcome
 def test_rollout_outcome_names_every_stage_and_none_for_those_not_run():
     plan = {"endpoint": "http://10.0.0.1:8000", "tier": "2node_pp", "hosts": {"b": {}, "a": {}},
             "instances": {"main": {"endpoint": "http://10.0.0.1:8000", "hosts": ["a", "b"]}}}
-    out = outcome.rollout_outcome(plan, {"served_model_name": "kimi-k3"},
-                                  preflight={"ok": True, "go": True, "failures": [], "table": ["x"]},
-                                  validate={"ok": True, "checks": [{"name": "chat", "ok": True}]},
-                                  deploy={"restart": ["main/main"], "lines": ["a (create): (all)"]})
+    out = outcome.rollout_outcome(plan, {"served_model_name": "kimi-k3"}, {
+        "preflight": {"ok": True, "go": True, "failures": [], "table": ["x"]},
+        "validate": {"ok": True, "checks": [{"name": "chat", "ok": True}]},
+        "deploy": {"restart": ["main/main"], "lines": ["a (create): (all)"]}, "weights": None})
     assert out["ok"] and out["endpoint"] == "http://10.0.0.1:8000" and out["nodes"] == ["a", "b"]
     assert out["instances"] == {"main": {"endpoint": "http://10.0.0.1:8000", "hosts": ["a", "b"]}}
     assert out["preflight"] == {"ok": True, "go": True, "failures": []}
     assert out["deploy"] == {"restarted": ["main/main"], "changes": ["a (create): (all)"]}
     assert out["weights"] is None and out["bench"] is None and out["bench_report"] is None
-    failed = outcome.rollout_outcome(plan, {}, failed={"task": "Stop before the weight load", "msg": "m"})
+    failed = outcome.rollout_outcome(plan, {}, {"failed": {"task": "Stop before the weight load", "msg": "m"}})
     assert failed["ok"] is False and failed["failed"]["task"].startswith("Stop")
 
 
@@ -36,3 +36,10 @@ def test_the_failure_names_the_hosts_that_failed_not_those_stopped_because_of_th
 def test_unreachable_hosts_are_named_with_why():
     hv = {"a": {"r": {"ping": "pong"}}, "b": {"r": {"unreachable": True, "msg": "Failed to connect\nssh: timed out"}}}
     assert outcome.unreachable_hosts(hv, ["a", "b"], "r") == ["b: ssh: timed out"]
+
+
+def test_the_stage_gate_filter_reads_the_step_from_one_mapping():
+    hv = {"a": {"r": {"failed": True, "msg": "boom"}}, "b": {"r": {"changed": False}}}
+    got = outcome.stage_gate(hv, {"hosts": ["a", "b"], "key": "r", "stage": "The weights stage", "step": "copying",
+                                  "undone": "stopped"})
+    assert got == {"hosts": ["a"], "message": "The weights stage failed (copying) on 1 host(s); stopped:\n- a: boom"}

@@ -97,17 +97,6 @@ def test_per_host_overrides_reach_the_argv_and_the_peer_check():
         serve.serve_containers(plan, hv, tier, presets()["kimi_k3_w4a8"], OPTS)
 
 
-def test_failures_are_read_from_the_registered_results():
-    hv = {"a": {"r": {"changed": False, "failed": False, "msg": "vllm: exited with code 1"}},
-          "b": {"r": {"changed": False, "ready_after": 3.0}},
-          "c": {"r": {"skipped": True, "msg": "x"}},
-          "d": {"r": {"unreachable": True, "msg": "ssh: connect timed out"}},
-          "e": {"r": {"aborted": True, "msg": "stopped waiting for vllm: a failed"}}}
-    assert serve.serve_failures(hv, ["e", "a", "b", "c", "d"], "r") == [
-        "a: vllm: exited with code 1", "d: unreachable (ssh: connect timed out)",
-        "e: stopped waiting for vllm: a failed"]
-
-
 def preview(action, started=True, changes=()):
     return {"action": action, "changes": list(changes), "started_at": "t0" if started else None}
 
@@ -143,3 +132,13 @@ def test_a_change_in_one_of_two_instances_does_not_interrupt_the_service():
     hv["node06"]["p"] = preview("recreate", changes=["image: x -> y"])
     d = serve.serve_restarts(hv, plan, "p")
     assert d["restart"] == ["b/main"] and d["interrupts"] == ["b"] and not d["interrupts_service"]
+
+
+def test_hosts_of_the_last_deployment_that_the_plan_lost_are_named():
+    from ansible_collections.npuops.ascend.plugins.filter.serve import deployment_record, serve_leftovers
+    plan = {"tier": "4node_dp", "hosts": {"n1": {"instance": "main"}, "n2": {"instance": "main"}}}
+    assert deployment_record(plan) == {"tier": "4node_dp", "hosts": {"n1": "main", "n2": "main"}}
+    last = {"tier": "4node_dp", "hosts": {"n1": "main", "n2": "main", "n5": "b"}}
+    [line] = serve_leftovers(last, plan)
+    assert line.startswith("n5 ran an engine of instance b in the last deployment and is no longer in the inventory")
+    assert serve_leftovers({}, plan) == [] and serve_leftovers(deployment_record(plan), plan) == []

@@ -24,23 +24,6 @@ def test_the_chain_starts_at_the_seed_and_falls_back_towards_it():
         weights.weights_chain(["n1"], "n9")
 
 
-def test_failures_name_causes_not_the_hosts_stopped_because_of_them():
-    hv = {"n1": {"st": {"state": "done", "files_fetched": 3}},
-          "n2": {"st": {"failed": True, "state": "stopped", "msg": "stopped because n3 unreachable: ..."}},
-          "n3": {"st": {"unreachable": True, "msg": "Task failed: Failed to connect to the host via ssh: timed out\nmore"}},
-          "n4": {"st": {"failed": True, "state": "failed", "msg": "the weight copy failed: disk full"}},
-          "n5": {}}
-    f = weights.weights_failures(hv, ["n1", "n2", "n3", "n4", "n5"], "st")
-    assert f == {"n3": "unreachable (Task failed: Failed to connect to the host via ssh: timed out)",
-                 "n4": "the weight copy failed: disk full"}
-    msg = weights.weights_failure_message(f, "copying")
-    assert msg.splitlines()[0].startswith("The weights stage failed (copying) on 2 host(s)")
-    assert msg.splitlines()[1:] == ["- n3: unreachable (Task failed: Failed to connect to the host via ssh: timed out)",
-                                    "- n4: the weight copy failed: disk full"]
-    # with no cause left (the failing host's own result is missing), the stopped ones are still named
-    assert list(weights.weights_failures({"n2": hv["n2"]}, ["n2"], "st")) == ["n2"]
-
-
 def test_the_projection_is_the_chain_at_the_slower_of_disk_and_link():
     # 1.5 TB, 16 nodes, NVMe 3000 MB/s, 400GbE: the disk bounds; 15 receivers cost one copy plus 14 hops
     p = weights.weights_copy_projection(1500 * 10 ** 9, 16, 3000, 400)

@@ -95,3 +95,16 @@ def test_an_error_answer_and_a_bounded_wait_fail_naming_the_server(fake):
 def test_no_socket_is_an_admin_error():
     with pytest.raises(ha.AdminError, match=r"HAProxy admin socket /nonexistent/admin.sock: .*is HAProxy running"):
         ha.command("/nonexistent/admin.sock", "show stat")
+
+
+def test_every_server_with_its_admin_state_and_the_pid_files(fake, tmp_path):
+    fake.state.update(a_status="DRAIN", a_cur=0)
+    assert ha.servers(fake.path) == [
+        {"backend": "be_service", "server": "a-1", "status": "DRAIN", "state": "drain", "sessions": 0},
+        {"backend": "be_service", "server": "b-1", "status": "UP", "state": "ready", "sessions": 0}]
+    pid_file = tmp_path / "x.pid"
+    pid_file.write_text("%d\n" % os.getpid())
+    assert ha.pid_running(str(pid_file)) == os.getpid()
+    pid_file.write_text("999999\n")
+    assert ha.pid_running(str(pid_file)) is None
+    assert ha.pid_running(str(tmp_path / "missing.pid")) is None

@@ -3,6 +3,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
 import os
 import socket
 import sys
@@ -179,3 +180,18 @@ def test_a_live_target_is_reached_by_a_plain_connect():
         assert problems[0]["observed"].endswith("timed out")  # a listener that is not ours does not say the token
     finally:
         sock.close()
+
+
+def test_the_pid_files_of_the_service_name_its_processes_and_their_children(tmp_path):
+    """HAProxy and keepalived write the pid on the first line; managed_process (Prometheus) writes a JSON record:
+    both are the service's own, with every descendant (HAProxy's workers)."""
+    proc_root = tmp_path / "proc"
+    for pid, ppid in ((100, 1), (101, 100), (102, 101), (200, 1), (300, 1)):
+        (proc_root / str(pid)).mkdir(parents=True)
+        (proc_root / str(pid) / "stat").write_text("%d (x y) S %d 0 0\n" % (pid, ppid))
+    (tmp_path / "haproxy.pid").write_text("100\n")
+    (tmp_path / "prometheus.pid").write_text(json.dumps({"pid": 200, "start_time": 5, "argv": ["prometheus"]}))
+    (tmp_path / "stale.pid").write_text("999\n")  # no such process
+    (tmp_path / "garbage.pid").write_text("not a pid\n")
+    files = [str(tmp_path / n) for n in ("haproxy.pid", "prometheus.pid", "stale.pid", "garbage.pid", "missing.pid")]
+    assert host.pid_file_tree(files, proc_root=str(proc_root)) == {100, 101, 102, 200}
