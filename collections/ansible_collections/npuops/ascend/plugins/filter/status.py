@@ -13,6 +13,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+from ansible_collections.npuops.ascend.plugins.filter import gateway as gateway_config
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 HEALTHY = "healthy"
@@ -64,10 +65,7 @@ def gateway_status(plan, hostvars, key, probes):
     if not gw:
         return None
     problems, hosts, out = [], {}, {}
-    instance_of = {}
-    for inst in gw["instances"]:
-        for i in range(len(gw["backends"][inst])):
-            instance_of["%s-%d" % (inst, i + 1)] = inst
+    instance_of = dict((server, inst) for _backend, server, inst in gateway_config.servers(gw))
     for host in gw["hosts"]:
         res = hostvar(hostvars, host, key, {}) or {}
         if res.get("unreachable"):
@@ -179,10 +177,7 @@ def rotation(hostvars, plan, key):
     gw = plan.get("gateway")
     if not gw:
         return {}
-    instance_of = {}
-    for inst in gw["instances"]:
-        for i in range(len(gw["backends"][inst])):
-            instance_of["%s-%d" % (inst, i + 1)] = inst
+    instance_of = dict((server, inst) for _backend, server, inst in gateway_config.servers(gw))
     state = dict((inst, None) for inst in gw["instances"])
     for host in gw["hosts"]:
         res = hostvar(hostvars, host, key, {}) or {}

@@ -44,6 +44,31 @@ def read_record(pidfile):
     return record if isinstance(record, dict) and "pid" in record else None
 
 
+def pid_in_file(pidfile):
+    """The pid a pid file names: the first line (HAProxy, keepalived) or the record `start` writes (managed_process,
+    Prometheus). None when there is no such file or no pid in it."""
+    record = read_record(pidfile)
+    if record is not None:
+        pid = record["pid"]
+    else:
+        try:
+            with open(pidfile) as f:
+                pid = f.readline().strip()
+        except (OSError, IOError):
+            return None
+    try:
+        pid = int(pid)
+    except (TypeError, ValueError):
+        return None
+    return pid if pid > 0 else None
+
+
+def pid_file_running(pidfile, proc_root="/proc"):
+    """The pid of `pidfile` when that process runs (not a zombie), else None."""
+    pid = pid_in_file(pidfile)
+    return pid if pid is not None and start_time(pid, proc_root) is not None else None
+
+
 def alive(record, proc_root="/proc"):
     return bool(record) and start_time(record["pid"], proc_root) == record.get("start_time")
 

@@ -12,8 +12,6 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import errno
-import os
 import socket
 import time
 
@@ -109,19 +107,3 @@ def servers(path, timeout=5.0):
         out.append({"backend": r.get("pxname"), "server": r.get("svname"), "status": status,
                     "state": state_of(status), "sessions": int(r.get("scur") or 0)})
     return out
-
-
-def pid_running(pid_file):
-    """The pid in `pid_file` when that process runs (the first line; HAProxy's master writes its own), else None."""
-    try:
-        with open(pid_file) as f:
-            pid = int(f.readline().strip() or 0)
-    except (IOError, OSError, ValueError):
-        return None
-    if pid <= 0:
-        return None
-    try:
-        os.kill(pid, 0)
-    except OSError as e:
-        return pid if e.errno == errno.EPERM else None
-    return pid

@@ -24,7 +24,7 @@ import socket
 import subprocess
 import time
 
-from ansible_collections.npuops.ascend.plugins.module_utils import container, proc
+from ansible_collections.npuops.ascend.plugins.module_utils import container, daemon, proc
 
 GIB = 1024 ** 3
 
@@ -163,20 +163,10 @@ def check_ports_free(ports, proc_root="/proc", service_pids=()):
 
 
 def pid_file_tree(pid_files, proc_root="/proc"):
-    """The pids recorded in `pid_files` (first line each) that run, and all their descendants: a service's own
-    processes (HAProxy's master and workers, keepalived, Prometheus), whose ports are the service's. A pid file
-    holds the pid on its first line (HAProxy, keepalived) or is the JSON record of managed_process ({"pid": ...})."""
-    roots = set()
-    for path in pid_files or ():
-        try:
-            with open(path) as f:
-                text = f.read(4096)
-            first = text.strip().split("\n", 1)[0].strip()
-            pid = int(json.loads(text).get("pid") or 0) if first.startswith("{") else int(first or 0)
-        except (IOError, OSError, ValueError, AttributeError, TypeError):
-            continue
-        if pid > 0 and os.path.isdir(os.path.join(proc_root, str(pid))):
-            roots.add(pid)
+    """The pids recorded in `pid_files` that run, and all their descendants: a service's own
+    processes (HAProxy's master and workers, keepalived, Prometheus), whose ports are the service's (the pid files
+    as daemon.pid_in_file reads them)."""
+    roots = set(pid for pid in (daemon.pid_file_running(path, proc_root) for path in pid_files or ()) if pid)
     children = {}
     for entry in os.listdir(proc_root) if roots else ():
         if entry.isdigit():

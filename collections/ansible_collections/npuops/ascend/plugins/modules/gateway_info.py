@@ -83,11 +83,9 @@ error:
   type: str
 """
 
-import json
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.npuops.ascend.plugins.module_utils import haproxy_admin
+from ansible_collections.npuops.ascend.plugins.module_utils import daemon, haproxy_admin, host, proc
 
 
 def main():
@@ -98,16 +96,15 @@ def main():
                            timeout=dict(type="float", default=5.0)),
         supports_check_mode=True)
     p = module.params
-    haproxy = haproxy_admin.pid_running(p["haproxy_pid_file"])
-    keepalived = haproxy_admin.pid_running(p["keepalived_pid_file"])
+    haproxy = daemon.pid_file_running(p["haproxy_pid_file"])
+    keepalived = daemon.pid_file_running(p["keepalived_pid_file"])
     held = False
     if p["vip"]:
-        rc, out, _err = module.run_command(["ip", "-j", "-4", "addr", "show"])
         try:
-            held = rc == 0 and any(a.get("local") == p["vip"] for link in json.loads(out or "[]")
-                                   for a in link.get("addr_info") or [])
+            nics = host.ipv4_addresses(lambda argv: proc.run(argv, p["timeout"])[:2])
         except ValueError:
-            held = False
+            nics = None
+        held = any(p["vip"] in addrs for addrs in (nics or {}).values())
     servers, error = [], ""
     try:
         servers = haproxy_admin.servers(p["socket"], p["timeout"])

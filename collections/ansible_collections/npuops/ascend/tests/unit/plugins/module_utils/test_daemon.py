@@ -3,6 +3,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
 import os
 import sys
 import time
@@ -76,3 +77,15 @@ def test_log_tail(tmp_path):
     log.write_text("\n".join("line %d" % i for i in range(50)) + "\n")
     assert daemon.log_tail(str(log), lines=2) == "line 48\nline 49"
     assert daemon.log_tail(str(tmp_path / "missing")) == ""
+
+
+def test_a_pid_file_names_its_process_while_it_runs(tmp_path):
+    """HAProxy's and keepalived's pid files (the pid on the first line) and the record start() writes."""
+    pid_file = tmp_path / "x.pid"
+    pid_file.write_text("%d\n" % os.getpid())
+    assert daemon.pid_file_running(str(pid_file)) == os.getpid()
+    pid_file.write_text("999999\n")
+    assert daemon.pid_file_running(str(pid_file)) is None
+    assert daemon.pid_file_running(str(tmp_path / "missing.pid")) is None
+    pid_file.write_text(json.dumps({"pid": os.getpid(), "start_time": 1, "argv": ["x"]}))
+    assert daemon.pid_in_file(str(pid_file)) == os.getpid() == daemon.pid_file_running(str(pid_file))

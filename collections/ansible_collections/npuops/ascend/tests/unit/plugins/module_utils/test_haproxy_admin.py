@@ -97,14 +97,8 @@ def test_no_socket_is_an_admin_error():
         ha.command("/nonexistent/admin.sock", "show stat")
 
 
-def test_every_server_with_its_admin_state_and_the_pid_files(fake, tmp_path):
+def test_every_server_with_its_admin_state(fake):
     fake.state.update(a_status="DRAIN", a_cur=0)
     assert ha.servers(fake.path) == [
         {"backend": "be_service", "server": "a-1", "status": "DRAIN", "state": "drain", "sessions": 0},
         {"backend": "be_service", "server": "b-1", "status": "UP", "state": "ready", "sessions": 0}]
-    pid_file = tmp_path / "x.pid"
-    pid_file.write_text("%d\n" % os.getpid())
-    assert ha.pid_running(str(pid_file)) == os.getpid()
-    pid_file.write_text("999999\n")
-    assert ha.pid_running(str(pid_file)) is None
-    assert ha.pid_running(str(tmp_path / "missing.pid")) is None

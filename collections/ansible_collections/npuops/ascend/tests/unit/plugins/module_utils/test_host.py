@@ -188,7 +188,7 @@ def test_the_pid_files_of_the_service_name_its_processes_and_their_children(tmp_
     proc_root = tmp_path / "proc"
     for pid, ppid in ((100, 1), (101, 100), (102, 101), (200, 1), (300, 1)):
         (proc_root / str(pid)).mkdir(parents=True)
-        (proc_root / str(pid) / "stat").write_text("%d (x y) S %d 0 0\n" % (pid, ppid))
+        (proc_root / str(pid) / "stat").write_text("%d (x y) S %d %s\n" % (pid, ppid, " ".join(["0"] * 20)))
     (tmp_path / "haproxy.pid").write_text("100\n")
     (tmp_path / "prometheus.pid").write_text(json.dumps({"pid": 200, "start_time": 5, "argv": ["prometheus"]}))
     (tmp_path / "stale.pid").write_text("999\n")  # no such process
