@@ -83,7 +83,8 @@ sim() {
     return 1
   fi
   python -m npuops_sim image >/dev/null  # built once here: every lane's clusters share it
-  pytest -q -m sim -p no:cacheprovider -n "$SIM_LANES" --dist loadfile --durations=0 \
+  # files in conftest.py's order (longest first), not re-sorted by their number of tests
+  pytest -q -m sim -p no:cacheprovider -n "$SIM_LANES" --dist loadfile --no-loadscope-reorder --durations=0 \
     --basetemp=/tmp/npuops-sim-pytest sim/tests tests
 }
 
