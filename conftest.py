@@ -7,17 +7,17 @@ together instead of one lane starting a long file last."""
 # ordering only). Files not listed keep their place after these. pytest-xdist would reorder the files by their
 # number of tests: tools/test.sh passes --no-loadscope-reorder so that this order holds.
 FILE_SECONDS = {
-    "test_weights_playbook.py": 770,
-    "test_gateway.py": 620,
-    "test_deploy_playbook.py": 520,
+    "test_weights_playbook.py": 520,
     "test_molecule_scenarios.py": 470,
     "test_site_playbook.py": 410,
+    "test_gateway.py": 400,
+    "test_deploy_playbook.py": 340,
     "test_status_recover.py": 290,
     "test_validate_playbook.py": 270,
-    "test_monitor_playbook.py": 210,
     "test_container_engines.py": 190,
     "test_preflight_playbook.py": 175,
     "test_cluster.py": 110,
+    "test_monitor_playbook.py": 80,
     "test_lifecycle.py": 50,
 }
 
