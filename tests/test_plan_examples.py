@@ -101,7 +101,26 @@ def test_plan_refuses_an_image_whose_vllm_lacks_the_presets_parsers(tmp_path):
     assert "The image cannot serve the model preset" in out
     for field in ("reasoning_parser: kimi_k3", "tool_call_parser: kimi_k3", "tokenizer_mode: kimi_k3"):
         assert field in out
-    assert "vLLM 0.23.0" in out and "^main(-|$)" in out
+    assert "vLLM 0.23.0" in out and "main(-|$)" in out
+
+
+@pytest.mark.parametrize("inventory,image", [
+    ("a3-4node", "quay.io/ascend/vllm-ascend:nightly-main-a3"),  # the vLLM-Ascend Kimi-K3 tutorial
+    ("a3-4node", "quay.io/ascend/vllm-ascend:kimi-k3-a3"),  # the planning article, the upstream Kimi-K3 page
+    ("a3-4node", "quay.io/ascend/vllm-ascend:kimi-k3-a3-openeuler@sha256:" + "0f" * 32),  # the page, pinned
+    ("a3-2node", "quay.io/ascend/vllm-ascend:kimi-k3.1-pro-a3"),  # the GPUWorks field report
+])
+def test_every_image_the_references_name_plans(tmp_path, inventory, image):
+    plan, _proc = plan_of(tmp_path, inventory, "-e", "npuops_image=" + image)
+    assert {h["container"]["image"] for h in plan["hosts"].values()} == {image}
+
+
+def test_an_unknown_tag_says_what_to_do(tmp_path):
+    _plan, proc = plan_of(tmp_path, "a3-4node", "-e", "npuops_image=registry.local/vllm-ascend:k3-custom",
+                          check=False)
+    assert proc.returncode != 0
+    assert "tag 'k3-custom' is not in the image version table" in proc.stdout
+    assert "use a listed image line or add this tag's line" in proc.stdout
 
 
 def test_a_misspelt_setting_a_shared_address_and_a_host_in_two_instances_are_named(tmp_path):

@@ -9,13 +9,13 @@ The estimate, per die (one logical NPU), for one engine instance of TP x PP x DP
                                                                     EPDIV = DP with expert parallelism, else 1
   usable/die    = HBM_total * gpu_memory_utilization                 (vLLM budgets against total HBM)
   KV budget/die = usable - weights - runtime overhead                (activations, HCCL buffers, graphs)
-  KV bytes/token/die = ceil(layers / PP) * kv_elements * dtype_bytes (MLA: one latent of kv_lora_rank +
+  KV bytes/token/die = ceil(kv_cache_layers / PP) * kv_elements * dtype_bytes (MLA: one latent of kv_lora_rank +
                                                                     rope dims per layer, replicated over TP)
   KV tokens     = KV budget / KV bytes per token (per DP replica; vLLM reports it per DP group)
   sequences at context L = floor(KV tokens / L) per replica, x DP for the instance
 
-Assumptions, stated so they can be checked: Kimi-K3 has a Kimi-K2-like MLA architecture (61 layers,
-kv_lora_rank 512 + rope 64 = 576 KV elements per layer per token); the runtime overhead does not depend
+Assumptions, stated so they can be checked: of Kimi-K3's 93 layers, 61 keep a per-token MLA cache (kv_lora_rank
+512 + rope 64 = 576 KV elements per layer per token; its Kimi Delta Attention layers keep a fixed-size state); the runtime overhead does not depend
 on gpu_memory_utilization. The overhead is calibrated on the one published data point: Kimi-K3.1-Pro
 W4A8 (1.47 TB) on 2 x A3 (32 dies, TP16 x PP2) = 42.8 GiB of weights per die and, at 0.90 utilization
 with an int8 KV cache (block size 768), 468,750 KV tokens — at most 2 concurrent 200K sessions.
@@ -51,7 +51,7 @@ def plan(preset, tp, pp=1, dp=1, expert_parallel=False, hbm_total_mb=65536, over
     dtype = "int8" if str(p.get("kv_cache_quant") or "").upper() == "C8" else str(p.get("kv_cache_dtype", "auto"))
     if dtype not in DTYPE_BYTES:
         raise AnsibleFilterError("capacity_plan: unknown kv_cache_dtype %r (known: %s)" % (dtype, sorted(DTYPE_BYTES)))
-    layers_per_die = -(-int(p["layers"]) // pp)
+    layers_per_die = -(-int(p.get("kv_cache_layers") or p["layers"]) // pp)
     kv_per_token = layers_per_die * int(p["kv_elements_per_token_per_layer"]) * DTYPE_BYTES[dtype]
     budget = usable - per_die - overhead
     kv_tokens = int(budget // kv_per_token) if budget > 0 else 0

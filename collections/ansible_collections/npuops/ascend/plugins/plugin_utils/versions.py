@@ -32,10 +32,19 @@ def table():
 
 
 def image_tag(image):
-    """The tag of an image reference (a digest is ignored; no tag is ``latest``)."""
-    ref = str(image or "").split("@", 1)[0]
+    """The tag of an image reference (a digest after it is ignored; no tag is ``latest``, as docker pulls it; a
+    digest alone names no tag: None)."""
+    ref, _, digest = str(image or "").partition("@")
     last = ref.rsplit("/", 1)[-1]
-    return last.split(":", 1)[1] if ":" in last else "latest"
+    if ":" in last:
+        return last.split(":", 1)[1]
+    return None if digest else "latest"
+
+
+def image_digest(image):
+    """The ``sha256:...`` digest an image reference pins, or None."""
+    digest = str(image or "").partition("@")[2]
+    return digest or None
 
 
 def image_versions(image, data=None):
@@ -46,9 +55,9 @@ def image_versions(image, data=None):
     data = data if data is not None else table()
     tag = image_tag(image)
     for line in data.get("images") or []:
-        if re.search(line["tag_pattern"], tag):
-            return line_versions(line, data, tag)
-    return {"tag": tag, "known": False, "vllm": None, "vllm_ascend": None, "proxy": None, "min_driver": None,
+        if tag is not None and re.search(line["tag_pattern"], tag):
+            return dict(line_versions(line, data, tag), digest=image_digest(image))
+    return {"tag": tag, "digest": image_digest(image), "known": False, "vllm": None, "vllm_ascend": None, "proxy": None, "min_driver": None,
             "min_cann": None}
 
 
@@ -57,6 +66,11 @@ def line_versions(line, data=None, tag=None):
     data = data if data is not None else table()
     out = dict(line, tag=tag, known=True, vllm=str(line["vllm"]), vllm_ascend=str(line["vllm_ascend"]))
     out.update((data.get("vllm") or {}).get(out["vllm"]) or {})
+    # what vllm-ascend registers on top of vLLM in this image serves as well as vLLM's own
+    registers = line.get("vllm_ascend_registers") or {}
+    for field, names in registers.items():
+        out[field] = list(out.get(field) or []) + [n for n in names if n not in (out.get(field) or [])]
+    out["vllm_ascend_registers"] = dict(registers)
     proxy = (data.get("proxy") or {}).get(str(line.get("proxy"))) or {}
     out.update(proxy_routes=proxy.get("routes") or [], proxy_prefill_error=proxy.get("prefill_error"),
                proxy_decode_error=proxy.get("decode_error"))
@@ -73,7 +87,7 @@ def images_with(field, value, data=None):
     """Tag patterns whose vLLM version has `value` in capability list `field` (for the fix of a refusal)."""
     data = data if data is not None else table()
     return [line["tag_pattern"] for line in data.get("images") or []
-            if value in ((data.get("vllm") or {}).get(str(line["vllm"])) or {}).get(field, [])]
+            if value in (line_versions(line, data).get(field) or [])]
 
 
 def preset_problems(preset, image, preset_name=None, data=None):
@@ -83,6 +97,10 @@ def preset_problems(preset, image, preset_name=None, data=None):
     where = "preset %s" % preset_name if preset_name else "the model preset"
     info = image_versions(image, data)
     if not info["known"]:
+        if info["tag"] is None:
+            return ["npuops_image %s: a digest alone names no tag, so %s cannot be checked against its vLLM; write the "
+                    "tag before the digest (repository:tag@sha256:..., as `docker images --digests` shows it)"
+                    % (image, where)]
         return ["npuops_image %s: tag %r is not in the image version table (data/images.yml: %s), so %s cannot be "
                 "checked against its vLLM; use a listed image line or add this tag's line (vLLM and vllm-ascend "
                 "versions and what they have) to the table"
@@ -101,13 +119,13 @@ def capability_problems(preset, info, image, where, data=None):
         have = info.get(capability) or []
         if value in have:
             continue
-        fix = "use an image whose vLLM has it (%s)" % ", ".join(images_with(capability, value, data)) \
+        fix = "use an image that has it (%s)" % ", ".join(images_with(capability, value, data)) \
             if images_with(capability, value, data) else "no image in the table has it"
         if field == "kv_cache_dtype" and str(value) == "int8":
             fix += ("; int8 KV (C8) on vllm-ascend comes from the checkpoint's quantization (quant_model_description "
                     "kv_cache_type: C8), so set kv_cache_dtype: auto and kv_cache_quant: C8")
-        problems.append("npuops_image %s (vLLM %s, vllm-ascend %s): %s sets %s: %s (%s %s), which this vLLM does not "
-                        "have (it has: %s); %s, or set npuops_model_overrides: {%s: ...}"
+        problems.append("npuops_image %s (vLLM %s, vllm-ascend %s): %s sets %s: %s (%s %s), which neither this vLLM "
+                        "nor its vllm-ascend has (they have: %s); %s, or set npuops_model_overrides: {%s: ...}"
                         % (image, info["vllm"], info["vllm_ascend"], where, field, value, flag, value,
                            ", ".join(have), fix, field))
     return problems

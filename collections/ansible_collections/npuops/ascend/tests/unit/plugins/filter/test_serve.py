@@ -142,3 +142,15 @@ def test_hosts_of_the_last_deployment_that_the_plan_lost_are_named():
     [line] = serve_leftovers(last, plan)
     assert line.startswith("n5 ran an engine of instance b in the last deployment and is no longer in the inventory")
     assert serve_leftovers({}, plan) == [] and serve_leftovers(deployment_record(plan), plan) == []
+
+
+def test_the_deploy_waits_as_long_as_the_engine_allows_its_ranks():
+    """The deploy's /health wait must not give up on a start the engine itself still allows
+    (VLLM_ENGINE_READY_TIMEOUT_S, 7200 s in the vLLM-Ascend Kimi-K3 tutorial)."""
+    import os
+    import yaml
+    from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
+    with open(os.path.join(catalog.ROLES_DIR, "serve", "defaults", "main.yml")) as f:
+        wait = yaml.safe_load(f)["npuops_serve_ready_timeout"]
+    assert int(serve.COMMON_ENV["VLLM_ENGINE_READY_TIMEOUT_S"]) == 7200
+    assert wait >= 7200

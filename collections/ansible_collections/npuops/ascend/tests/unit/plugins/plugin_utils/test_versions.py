@@ -21,6 +21,13 @@ def presets():
     ("m.daocloud.io/quay.io/ascend/vllm-ascend:v0.23.0-a3-openeuler", "0.23.0", "0.23.0"),
     ("quay.io/ascend/vllm-ascend:main-a3@sha256:0123", "0.27.1", "main"),
     ("quay.io/ascend/vllm-ascend:v0.32.0-a3", "0.32.0", "0.32.0"),
+    # the images the user's documents name: the tutorial, the upstream Kimi-K3 page, the field report
+    ("quay.io/ascend/vllm-ascend:nightly-main-a3", "0.27.1", "main"),
+    ("vllm-ascend-kimi-k3:main", "0.27.1", "main"),
+    ("quay.io/ascend/vllm-ascend:kimi-k3-a3", "0.23.0", "0.23.0"),
+    ("quay.io/ascend/vllm-ascend:kimi-k3-a3-openeuler", "0.23.0", "0.23.0"),
+    ("quay.io/ascend/vllm-ascend:kimi-k3", "0.23.0", "0.23.0"),
+    ("quay.io/ascend/vllm-ascend:kimi-k3.1-pro-a3", "0.23.0", "0.23.0"),
 ])
 def test_image_tag_gives_the_versions_the_image_carries(image, vllm, ascend):
     info = versions.image_versions(image)
@@ -50,13 +57,36 @@ def test_the_k3_presets_need_the_main_line(presets):
         fields = sorted(p.split(" sets ", 1)[1].split(":", 1)[0] for p in problems)
         assert fields == ["reasoning_parser", "tokenizer_mode", "tool_call_parser"]
         for p in problems:
-            assert "v0.23.0-a3" in p and "vLLM 0.23.0" in p and name in p and "^main(-|$)" in p
+            assert "v0.23.0-a3" in p and "vLLM 0.23.0" in p and name in p and "main(-|$)" in p
 
 
-def test_int8_kv_cache_dtype_is_refused_with_the_c8_fix():
+def test_the_k3_images_serve_the_k3_presets_through_what_vllm_ascend_registers(presets):
+    """vLLM 0.23.0 has no kimi_k3 parser or tokenizer mode; the K3 images' vllm-ascend registers them (the upstream
+    Kimi-K3 page), so the presets plan with them and not with a stock v0.23.0 image."""
+    digest = "sha256:" + "ab" * 32
+    for image in ("quay.io/ascend/vllm-ascend:kimi-k3-a3", "quay.io/ascend/vllm-ascend:kimi-k3-a3-openeuler",
+                  "quay.io/ascend/vllm-ascend:kimi-k3.1-pro-a3", "quay.io/ascend/vllm-ascend:kimi-k3-a3@" + digest,
+                  "quay.io/ascend/vllm-ascend:nightly-main-a3"):
+        for name in ("kimi_k3_w4a8", "kimi_k3_1_pro_w4a8"):
+            assert versions.preset_problems(presets[name], image, name) == [], (image, name)
+    info = versions.image_versions("quay.io/ascend/vllm-ascend:kimi-k3-a3@" + digest)
+    assert info["digest"] == digest and info["tag"] == "kimi-k3-a3"
+    assert info["vllm_ascend_registers"]["reasoning_parsers"] == ["kimi_k3"]
+    assert "kimi_k3" not in versions.image_versions("x:v0.23.0-a3")["reasoning_parsers"]
+
+
+def test_a_digest_alone_says_to_write_the_tag_before_it():
+    problems = versions.preset_problems({}, "quay.io/ascend/vllm-ascend@sha256:" + "cd" * 32, "p")
+    assert len(problems) == 1 and "a digest alone names no tag" in problems[0]
+    assert "repository:tag@sha256:" in problems[0]
+
+
+def test_int8_kv_cache_dtype_is_refused_with_the_c8_fix_except_on_the_image_that_ran_it():
     problems = versions.preset_problems({"kv_cache_dtype": "int8"}, "r/vllm-ascend:main-a3", "p")
     assert len(problems) == 1 and "--kv-cache-dtype int8" in problems[0]
-    assert "no image in the table has it" in problems[0] and "kv_cache_quant: C8" in problems[0]
+    # the field report's image ran --kv-cache-dtype int8: it is the one the fix names
+    assert "kimi-k3\\.1-pro" in problems[0] and "kv_cache_quant: C8" in problems[0]
+    assert versions.preset_problems({"kv_cache_dtype": "int8"}, "r/vllm-ascend:kimi-k3.1-pro-a3", "p") == []
 
 
 def test_an_unknown_tag_is_a_problem_naming_the_table():
