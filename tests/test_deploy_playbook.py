@@ -104,7 +104,7 @@ def test_a_wrong_leader_address_fails_fast_naming_the_host(cluster, tmp_path):
     out = deploy(cluster, *(overrides(tmp_path, "node04", {"npuops_vllm_overrides": {
         "data_parallel_address": WRONG_LEADER}}) + CHANGE), check=False)
     assert out.returncode != 0 and time.time() - t0 < 120
-    assert re.search(r"node04: vllm: container vllm cannot reach %s:13389" % re.escape(WRONG_LEADER), out.stdout)
+    assert re.search(r"node04: vllm: container vllm cannot reach %s:13345" % re.escape(WRONG_LEADER), out.stdout)
     assert all(" running " not in s for s in started(cluster).values())
     fixed = deploy(cluster, *CHANGE)  # and the right inventory brings it all back (nothing serves: no downtime asked)
     assert "4node_dp is serving kimi-k3" in fixed.stdout

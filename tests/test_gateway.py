@@ -22,7 +22,8 @@ pytestmark = pytest.mark.sim
 
 MODEL = "kimi-k3"
 CLIENTS = 4
-OTHER_IMAGE = "localhost/npuops-sim/vllm-ascend:v0.32.0-a3"
+# another tag of the same line (the field report image's openEuler variant): a rollout restarts every engine
+OTHER_IMAGE = "localhost/npuops-sim/vllm-ascend:kimi-k3.1-pro-a3-openeuler"
 # what the interrupted-rollout test rolls out: the tests after it run with the inventory as rolled (-e ROLLED)
 ROLLED = {"npuops_image": OTHER_IMAGE, "npuops_vllm_overrides": {"max_num_seqs": 4}, "npuops_serve_settle_seconds": 3}
 

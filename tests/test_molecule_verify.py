@@ -19,12 +19,17 @@ MOUNTS = ["/usr/local/dcmi", "/usr/local/Ascend/driver/tools/hccn_tool", "/usr/l
 
 
 def container(ip, rank, leader_ip):
-    argv = ["vllm", "serve", "/srv/models/k3", "--tensor-parallel-size", "16", "--pipeline-parallel-size", "2",
-            "--nnodes", "2", "--node-rank", str(rank), "--master-addr", leader_ip, "--master-port", "29500"]
+    # the field report's template (the 2node_pp tier's default recipe), as the container runs it
+    argv = ["vllm", "serve", "/srv/models/k3", "--quantization", "ascend", "--trust-remote-code",
+            "--tensor-parallel-size", "16", "--pipeline-parallel-size", "2", "--max-model-len", "210000",
+            "--max-num-seqs", "64", "--max-num-batched-tokens", "8192", "--kv-cache-dtype", "int8", "--block-size",
+            "768", "--gpu-memory-utilization", "0.9", "--enable-prefix-caching", "--enable-expert-parallel",
+            "--tokenizer-mode", "kimi_k3", "--reasoning-parser", "kimi_k3", "--tool-call-parser", "kimi_k3",
+            "--enable-auto-tool-choice", "--nnodes", "2", "--node-rank", str(rank), "--master-addr", leader_ip,
+            "--master-port", "29500"]
     argv += ["--host", ip, "--port", "8000"] if rank == 0 else ["--headless"]
     env = ["HCCL_IF_IP=%s" % ip, "VLLM_HOST_IP=%s" % ip, "GLOO_SOCKET_IFNAME=eth9", "TP_SOCKET_IFNAME=eth9",
-           "HCCL_SOCKET_IFNAME=eth9", "ASCEND_RT_VISIBLE_DEVICES=" + ",".join(str(i) for i in range(16)),
-           "HCCL_BUFFSIZE=512", "HCCL_INTRA_PCIE_ENABLE=1", "HCCL_INTRA_ROCE_ENABLE=0"]
+           "HCCL_SOCKET_IFNAME=eth9", "ASCEND_RT_VISIBLE_DEVICES=" + ",".join(str(i) for i in range(16))]
     devices = ["/dev/davinci%d" % i for i in range(16)] + ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
     return [{"Config": {"Cmd": argv, "Env": env, "Labels": {"io.npuops.group": "main",
                                                             "io.npuops.role": "leader" if rank == 0 else "worker"}},
@@ -57,8 +62,10 @@ def test_matching_containers_pass(files):
 @pytest.mark.parametrize("spoil,expect", [
     (lambda i: i["b"][0]["Mounts"][6].update(RW=True), "b: the mounts (source, destination, read-write)"),
     (lambda i: i["b"][0]["Config"]["Cmd"].__setitem__(i["b"][0]["Config"]["Cmd"].index("--node-rank") + 1, "0"),
-     "b: --node-rank is '0', the tier and inventory say '1'"),
-    (lambda i: i["a"][0]["Config"]["Env"].remove("HCCL_BUFFSIZE=512"), "a: env HCCL_BUFFSIZE is None"),
+     "b: --node-rank is '0', the tier, recipe and inventory say '1'"),
+    (lambda i: i["a"][0]["Config"]["Env"].remove("VLLM_HOST_IP=10.0.0.1"), "a: env VLLM_HOST_IP is None"),
+    (lambda i: i["b"][0]["Config"]["Cmd"].__setitem__(i["b"][0]["Config"]["Cmd"].index("--kv-cache-dtype") + 1, "auto"),
+     "b: --kv-cache-dtype is 'auto', the tier, recipe and inventory say 'int8'"),
     (lambda i: i["a"][0]["Mounts"].pop(), "a: the mounts"),
 ])
 def test_a_spoiled_container_is_named(files, spoil, expect):

@@ -98,7 +98,7 @@ def test_plan_refuses_an_image_whose_vllm_lacks_the_presets_parsers(tmp_path):
                 "-e", "plan_output=%s" % (tmp_path / "plan.json")], check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and not (tmp_path / "plan.json").exists()
-    assert "The image cannot serve the model preset" in out
+    assert "The image cannot serve the command the recipe renders" in out
     for field in ("reasoning_parser: kimi_k3", "tool_call_parser: kimi_k3", "tokenizer_mode: kimi_k3"):
         assert field in out
     assert "vLLM 0.23.0" in out and "main(-|$)" in out

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Molecule verify: every running container matches what the tier document and the inventory say, derived here
-from first principles - not with the filter that made the deployment.
+"""Molecule verify: every running container matches what the tier document, its default recipe and the inventory
+say, derived here from first principles - not with the filter that made the deployment. Of the recipe
+(data/recipes), every flag and environment value that names no variable must be in the container as the source
+wrote it, unless a row of the deviations table (data/deviations.yml) names that flag or key.
 
   verify_containers.py TIER_YML INVENTORY_JSON INSPECT_JSON
 
 INVENTORY_JSON is `ansible-inventory --list`; INSPECT_JSON is {host: `podman inspect vllm` of that host}.
 Prints one line per mismatch and exits 1 when there is any.
 """
+import glob
 import json
+import os
+import shlex
 import sys
 
 import yaml
@@ -34,9 +39,43 @@ def flags(argv):
     return out
 
 
+def number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def recipe_literals(tier_path, tier_name, role):
+    """({--flag: value}, {ENV: value}) of the tier's default recipe for one role (leader, worker, prefill, decode):
+    the values that name no variable, minus what a deviation row names."""
+    data = os.path.dirname(os.path.dirname(os.path.abspath(tier_path)))
+    recipe = None
+    for path in sorted(glob.glob(os.path.join(data, "recipes", "*.yml"))):
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+        if doc.get("default") and doc.get("tier") == tier_name:
+            recipe = doc
+    with open(os.path.join(data, "deviations.yml")) as f:
+        rows = yaml.safe_load(f)["deviations"]
+    named_flags = set("--" + r["flag"].replace("_", "-") for r in rows if "flag" in r)
+    named_env = set(r["env"] for r in rows if "env" in r)
+    text = recipe["roles"][role]["command"].replace("\\\n", " ")
+    argv = shlex.split(text)
+    argv = ["--" + a[2:].replace("_", "-") if a.startswith("--") else a for a in argv]
+    literal = dict((k, v) for k, v in flags(argv).items()
+                   if k not in named_flags and not (isinstance(v, str) and ("$" in v or "<" in v)))
+    env = {}
+    for layer in (recipe.get("env"), recipe["roles"][role].get("env")):
+        for k, v in (layer or {}).items():
+            if k not in named_env and "$" not in str(v) and "<" not in str(v):
+                env[k] = str(v)
+    return literal, env
+
+
 def expect(problems, host, what, seen, wanted):
     if seen != wanted:
-        problems.append("%s: %s is %r, the tier and inventory say %r" % (host, what, seen, wanted))
+        problems.append("%s: %s is %r, the tier, recipe and inventory say %r" % (host, what, seen, wanted))
 
 
 def main(tier_path, inventory_path, inspect_path):
@@ -87,13 +126,22 @@ def main(tier_path, inventory_path, inspect_path):
                 expect(problems, host, "kv_port", kv.get("kv_port"), str(group["kv_port"]))
             expect(problems, host, "--enable-expert-parallel", f.get("--enable-expert-parallel", False),
                    bool(group.get("expert_parallel")))
+            role = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(group.get("kv_role")) or \
+                ("leader" if rank == 0 else "worker")
+            literal_flags, literal_env = recipe_literals(tier_path, tier["name"], role)
+            for flag, value in sorted(literal_flags.items()):
+                seen = f.get(flag)
+                if isinstance(value, str) and value.startswith("{"):
+                    seen, value = json.loads(seen) if seen else None, json.loads(value)
+                elif isinstance(value, str) and isinstance(seen, str) and number(value) is not None:
+                    seen, value = number(seen), number(value)  # 0.90 as written, 0.9 as rendered
+                expect(problems, host, flag, seen, value)
             env = dict(e.split("=", 1) for e in info["Config"]["Env"])
             wanted_env = {"HCCL_IF_IP": v["npuops_node_ip"], "VLLM_HOST_IP": v["npuops_node_ip"],
                           "GLOO_SOCKET_IFNAME": v["npuops_nic"], "TP_SOCKET_IFNAME": v["npuops_nic"],
                           "HCCL_SOCKET_IFNAME": v["npuops_nic"],
                           "ASCEND_RT_VISIBLE_DEVICES": ",".join(str(i) for i in range(tier["dies_per_node"]))}
-            for key, value in list((tier.get("env") or {}).items()) + list((group.get("env") or {}).items()):
-                wanted_env[key] = str(value)
+            wanted_env.update(literal_env)
             for key, value in sorted(wanted_env.items()):
                 expect(problems, host, "env %s" % key, env.get(key), value)
             devices = sorted(d["PathOnHost"] for d in info["HostConfig"]["Devices"])

@@ -403,7 +403,7 @@ class Cluster:
             "    ansible_ssh_common_args: >-",
             "      -o UserKnownHostsFile=%s/known_hosts -o StrictHostKeyChecking=yes" % ssh,
             "      -o ControlMaster=auto -o ControlPersist=60s -o ControlPath=%s/cp/%%C" % ssh,
-            "    npuops_image: %s:%s" % (image.REPOSITORY, image.ALIASES[0] if generation == "a3" else image.ALIASES[1]),
+            "    npuops_image: %s:%s" % (image.REPOSITORY, image.tier_tag(tier, generation)),
         ]
         if tier:
             lines.append("    npuops_tier: %s" % tier)

@@ -25,11 +25,14 @@ SUITE = "bookworm"
 PACKAGES = ["python3", "iproute2", "iputils-ping", "procps"]
 REPOSITORY = "localhost/npuops-sim/vllm-ascend"
 # The tags of the simulated image: -a3 for A3 nodes, none for A2, as the real image naming does. Each emulates the
-# vLLM / vllm-ascend versions the collection's image table (data/images.yml) gives its tag. The sim inventories
-# use the first pair: the main line (vLLM 0.27.1), the first with the kimi_k3 parsers the Kimi presets need.
-ALIASES = ("main-a3", "main", "v0.23.0-a3", "v0.23.0", "v0.32.0-a3", "v0.32.0")
+# vLLM / vllm-ascend versions the collection's image table (data/images.yml) gives its tag, and what its vllm-ascend
+# registers. The sim inventories use the first pair (the main line, vLLM 0.27.1), or the tag of the image the tier's
+# default recipe names when it is one of these (the field report's kimi-k3.1-pro-a3 for 2node_pp: its int8 KV).
+ALIASES = ("main-a3", "main", "v0.23.0-a3", "v0.23.0", "v0.32.0-a3", "v0.32.0", "kimi-k3.1-pro-a3",
+           "kimi-k3.1-pro-a3-openeuler")
 TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "collections",
                      "ansible_collections", "npuops", "ascend", "data", "images.yml")
+RECIPES = os.path.join(os.path.dirname(TABLE), "recipes")
 VERSIONS_JSON = "/opt/npuops-sim/npuops_vllm_sim/versions.json"
 DPKG_EXCLUDES = ["/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*"]
 
@@ -54,12 +57,35 @@ def version_table():
 
 
 def emulated(tag, table=None):
-    """{NPUOPS_SIM_VLLM_VERSION, NPUOPS_SIM_PROXY} an image tag claims (the first matching line of the table)."""
+    """{NPUOPS_SIM_VLLM_VERSION, NPUOPS_SIM_PROXY, NPUOPS_SIM_VLLM_ASCEND_REGISTERS} an image tag claims (the first
+    matching line of the table)."""
     table = table or version_table()
     for line in table["images"]:
         if re.search(line["tag_pattern"], tag):
-            return {"NPUOPS_SIM_VLLM_VERSION": str(line["vllm"]), "NPUOPS_SIM_PROXY": str(line["proxy"])}
+            return {"NPUOPS_SIM_VLLM_VERSION": str(line["vllm"]), "NPUOPS_SIM_PROXY": str(line["proxy"]),
+                    # field:name,name;field:name (no quotes or spaces: it travels as an image ENV)
+                    "NPUOPS_SIM_VLLM_ASCEND_REGISTERS": ";".join(
+                        "%s:%s" % (k, ",".join(v)) for k, v in sorted((line.get("vllm_ascend_registers") or {}).items()))}
     raise RuntimeError("the sim image tag %s has no line in %s" % (tag, TABLE))
+
+
+def build_name(env):
+    """One image per emulated version, proxy line and registrations (a short digest of them, when there are any)."""
+    registers = env.get("NPUOPS_SIM_VLLM_ASCEND_REGISTERS", "")
+    suffix = "-r" + hashlib.sha256(registers.encode()).hexdigest()[:8] if registers else ""
+    return env["NPUOPS_SIM_VLLM_VERSION"] + "-" + env["NPUOPS_SIM_PROXY"] + suffix
+
+
+def tier_tag(tier, generation):
+    """The tag a simulated cluster of `tier` runs: its default recipe's image tag when the sim has it, else the
+    generation's main line."""
+    for name in sorted(os.listdir(RECIPES)) if tier else []:
+        with open(os.path.join(RECIPES, name)) as f:
+            doc = yaml.safe_load(f)
+        tag = str(doc.get("image", "")).split("@", 1)[0].rsplit(":", 1)[-1]
+        if doc.get("default") and doc.get("tier") == tier and tag in ALIASES:
+            return tag
+    return ALIASES[0] if generation == "a3" else ALIASES[1]
 
 
 def image_files():
@@ -142,7 +168,7 @@ def _ensure(log):
     envs = dict((alias, emulated(alias, table)) for alias in ALIASES)
     key = digest(base_key, sorted((k, v[0], v[1]) for k, v in files.items()), sorted(envs.items()))
     name = "%s:build-%s" % (REPOSITORY, key)
-    builds = dict((e["NPUOPS_SIM_VLLM_VERSION"] + "-" + e["NPUOPS_SIM_PROXY"], e) for e in envs.values())
+    builds = dict((build_name(e), e) for e in envs.values())
     names = dict((b, "%s-%s" % (name, b)) for b in builds)
     if any(podman("image", "exists", n, check=False).returncode != 0 for n in names.values()):
         t0 = time.monotonic()
@@ -170,7 +196,7 @@ def _ensure(log):
             os.unlink(layered)
         log("image: imported in %.1fs" % (time.monotonic() - t0))
     for alias, env in envs.items():
-        podman("tag", names[env["NPUOPS_SIM_VLLM_VERSION"] + "-" + env["NPUOPS_SIM_PROXY"]],
+        podman("tag", names[build_name(env)],
                "%s:%s" % (REPOSITORY, alias))
     prune_old(set(names.values()))
     return names[envs[ALIASES[0]]["NPUOPS_SIM_VLLM_VERSION"] + "-" + envs[ALIASES[0]]["NPUOPS_SIM_PROXY"]]

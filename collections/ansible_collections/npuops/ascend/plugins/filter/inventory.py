@@ -20,7 +20,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter import topology
 from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
-from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, values
+from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, recipes, values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 ENGINES = ("docker", "podman", "isula")
@@ -78,9 +78,12 @@ def convert_override(current, value):
     return str(value)
 
 
-def model_spec(presets, model, overrides=None):
-    """The preset with the inventory's overrides, typed; the validator has refused anything else."""
+def model_spec(presets, model, overrides=None, recipe=None):
+    """The preset, with the values its recipe's command gives (what runs decides what validate, the benchmark and the
+    capacity plan assume), then the inventory's overrides, typed; the validator has refused anything else."""
     preset = dict(presets[model])
+    if recipe:
+        preset.update(recipes.model_values(recipe, preset))
     for key, value in (overrides or {}).items():
         if key not in preset:
             raise AnsibleFilterError("model_spec: %s" % override_problems(preset, {key: value})[0])
@@ -172,6 +175,12 @@ def validate(groups, hostvars, presets, tiers=None):
                         "npuops_model_presets)" % (model, ", ".join(sorted(presets))))
     else:
         problems.extend(override_problems(presets[model], hostvar(hostvars, first, "npuops_model_overrides", {})))
+    if tier is not None and model in presets:
+        try:
+            tier = recipes.tier_with_recipe(tier, recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None,
+                                                                  tier_name, model))
+        except recipes.RecipeError as e:
+            problems.append("npuops_recipe: %s" % e)
     model_dir = hostvar(hostvars, first, "npuops_model_dir")
     if not isinstance(model_dir, str) or not model_dir.startswith("/"):
         problems.append("npuops_model_dir = %r must be an absolute path on the nodes, e.g. /data/models/Kimi-K3-W4A8"
@@ -461,12 +470,13 @@ def validate_inventory(groups, hostvars, presets):
     return validate(groups, hostvars, presets)
 
 
-def tier_document(name):
-    """The tier document ``data/tiers/<name>.yml`` of the collection."""
+def tier_document(name, recipe=None):
+    """The tier document ``data/tiers/<name>.yml`` of the collection, with the ports the recipe's source gives as
+    its defaults (the inventory's npuops_<name>_port still wins)."""
     tiers = catalog.tiers()
     if name not in tiers:
         raise AnsibleFilterError("tier_document: %r is not a tier; the tiers are %s" % (name, ", ".join(sorted(tiers))))
-    return tiers[name]
+    return recipes.tier_with_recipe(tiers[name], recipe)
 
 
 class FilterModule(object):

@@ -13,11 +13,13 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import copy
+
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter.topology import DEFAULT_INSTANCE
 from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
-from ansible_collections.npuops.ascend.plugins.plugin_utils import board, values
+from ansible_collections.npuops.ascend.plugins.plugin_utils import board, recipes, values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 PROXY_SCRIPT = "/vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py"
@@ -27,83 +29,71 @@ MGMT_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
 HOST_MOUNTS = ["/usr/local/dcmi", "/usr/local/Ascend/driver/tools/hccn_tool", "/usr/local/bin/npu-smi",
                "/usr/local/Ascend/driver/lib64", "/usr/local/Ascend/driver/version.info", "/etc/ascend_install.info",
                "/etc/hccn.conf"]
-# environment every node gets (vllm-ascend multi-node tutorials); the tier adds per-group values, the inventory overrides
-COMMON_ENV = {
-    "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
-    "VLLM_ENGINE_READY_TIMEOUT_S": "7200",
-    "HCCL_CONNECT_TIMEOUT": "1200",
-    "HCCL_OP_EXPANSION_MODE": "AIV",
-    "TASK_QUEUE_ENABLE": "1",
-    "OMP_PROC_BIND": "false",
-    "OMP_NUM_THREADS": "1",
-}
-MODEL_KEYS = ("served_model_name", "quantization", "tokenizer_mode", "reasoning_parser", "tool_call_parser",
-              "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "block_size",
-              "safetensors_load_strategy")
+# preset fields that are vLLM flags under another name (npuops_model_overrides reaches the command through them)
+PRESET_FLAGS = {"cudagraph_mode": ("compilation_config", "cudagraph_mode"), "speculative": ("speculative_config", None)}
 
 
-def engine_spec(entry, model, model_dir, tier, group, ports):
-    """The vllm serve spec of one host (before per-host overrides)."""
-    spec = {"model": model_dir, "trust_remote_code": True, "enable_auto_tool_choice": True}
-    for key in MODEL_KEYS:
-        if model.get(key) is not None:
-            spec[key] = model[key]
-    if model.get("kv_cache_dtype") not in (None, "auto"):
-        spec["kv_cache_dtype"] = model["kv_cache_dtype"]
-    if model.get("cudagraph_mode"):
-        spec["compilation_config"] = {"cudagraph_mode": model["cudagraph_mode"]}
-    if model.get("speculative"):
-        spec["speculative_config"] = dict(model["speculative"])
-    # decode engines do not share prefixes (vllm-ascend#7944); elsewhere prefix caching follows the preset
-    spec["enable_prefix_caching"] = bool(model.get("enable_prefix_caching", True)) and \
-        entry.get("kv_role") != "kv_consumer"
-    spec["tensor_parallel_size"] = entry["tp"]
-    if entry["pp"] > 1:
-        spec["pipeline_parallel_size"] = entry["pp"]
-    if entry["serves_http"]:
-        spec.update(host=entry["node_ip"], port=entry["api_port"])
-    launch = entry["launch"]
-    if launch == "multinode":
-        spec.update(distributed_executor_backend="mp", nnodes=entry["nodes"], node_rank=entry["node_rank"],
-                    master_addr=entry["leader_address"], master_port=int(ports.get("master", 29500)))
-    else:
-        spec.update(data_parallel_size=entry["dp"], data_parallel_size_local=entry["dp_local"],
-                    data_parallel_address=entry["leader_address"],
-                    data_parallel_rpc_port=int(ports.get("dp_rpc", 13389)))
-        if launch == "dp_external":
-            spec["data_parallel_rank"] = entry["dp_start_rank"]
-        elif entry["role"] == "worker":
-            spec["data_parallel_start_rank"] = entry["dp_start_rank"]
-    if entry["expert_parallel"]:
-        spec["enable_expert_parallel"] = True
-    if entry["headless"]:
-        spec["headless"] = True
+class RenderError(Exception):
+    pass
+
+
+def plan_values(entry, ports, hostvars, host, model, options, dies):
+    """The plan's values a recipe's variables and the deviation rows name (docs/recipes.md lists them)."""
+    engine_id = None
     if entry.get("kv_role"):
-        sides = dict(("prefill" if g.get("kv_role") == "kv_producer" else "decode",
-                      {"dp_size": int(g["dp"]), "tp_size": int(g["tp"])}) for g in tier["groups"] if g.get("kv_role"))
-        spec["kv_transfer_config"] = {
-            "kv_connector": group.get("kv_connector", "MooncakeConnectorV1"),
-            "kv_role": entry["kv_role"],
-            "kv_port": str(entry["kv_port"]),
-            # unique per engine (vLLM defaults to a uuid4 per start; a stable id keeps the spec's hash stable)
-            "engine_id": "%s%s-%d" % ("" if entry["instance"] == DEFAULT_INSTANCE else entry["instance"] + "-",
-                                      entry["group"], entry["dp_start_rank"]),
-            "kv_connector_extra_config": group.get("kv_connector_extra_config") or sides,
-        }
-    return spec
+        # unique per engine (vLLM defaults to a uuid4 per start; a stable id keeps the spec's hash stable)
+        engine_id = "%s%s-%d" % ("" if entry["instance"] == DEFAULT_INSTANCE else entry["instance"] + "-",
+                                 entry["group"], entry["dp_start_rank"])
+    return {
+        "model_dir": options["model_dir"],
+        "tokenizer_dir": options.get("tokenizer_dir") or options["model_dir"],
+        "served_model_name": model.get("served_model_name"),
+        "node_ip": entry["node_ip"], "leader_address": entry["leader_address"],
+        "nic": hostvar(hostvars, host, "npuops_nic"),
+        "api_port": int(ports.get("api", 8000)), "dp_rpc_port": int(ports.get("dp_rpc", 13389)),
+        "master_port": int(ports.get("master", 29500)),
+        "tp": entry["tp"], "pp": entry["pp"], "dp": entry["dp"], "dp_local": entry["dp_local"],
+        "dp_start_rank": entry["dp_start_rank"], "node_rank": entry["node_rank"], "nodes": entry["nodes"],
+        "kv_port": entry.get("kv_port"), "engine_id": engine_id,
+        "visible_devices": ",".join(str(i) for i in range(dies)),
+    }
 
 
-def engine_env(entry, hostvars, host, tier, group, dies):
-    nic = hostvar(hostvars, host, "npuops_nic")
-    env = dict(COMMON_ENV)
-    env.update(HCCL_IF_IP=entry["node_ip"], VLLM_HOST_IP=entry["node_ip"], GLOO_SOCKET_IFNAME=nic,
-               TP_SOCKET_IFNAME=nic, HCCL_SOCKET_IFNAME=nic,
-               ASCEND_RT_VISIBLE_DEVICES=",".join(str(i) for i in range(dies)))
-    # later layers win: tier, group, group per role, then the host's own overrides
-    for layer in (tier.get("env"), group.get("env"), (group.get("env_by_role") or {}).get(entry["role"]),
-                  hostvar(hostvars, host, "npuops_env_overrides")):
-        env.update((k, str(v)) for k, v in (layer or {}).items())
-    return env
+def engine_command(entry, recipe, values, model, overrides, vllm_overrides, env_overrides):
+    """-> (spec, env, recipe_spec, recipe_env, reasons): the recipe's role bound to the plan's values, the deviation
+    rows that apply, then the operator's overrides (npuops_model_overrides, npuops_vllm_overrides,
+    npuops_env_overrides), each difference with where it comes from."""
+    role = recipes.role_of(entry)
+    recipe_spec, recipe_env = recipes.render(recipe, role, values)
+    spec, env = copy.deepcopy(recipe_spec), dict(recipe_env)
+    reasons = {}
+    for row in recipes.apply_deviations(recipe, role, entry, values, spec, env):
+        reasons[("flag", row["flag"]) if "flag" in row else ("env", row["env"])] = "deviation " + row["id"]
+    for key in sorted(overrides or {}):
+        if key in vllm_cli.FLAGS and model.get(key) is not None:
+            if key == "kv_cache_dtype" and model[key] == "auto":
+                spec.pop(key, None)
+            else:
+                spec[key] = model[key]
+            reasons[("flag", key)] = "npuops_model_overrides.%s" % key
+        elif key in PRESET_FLAGS:
+            flag, field = PRESET_FLAGS[key]
+            if field:
+                spec[flag] = dict(spec.get(flag) or {}, **{field: model[key]})
+            else:
+                spec[flag] = dict(model[key]) if model.get(key) else None
+            reasons[("flag", flag)] = "npuops_model_overrides.%s" % key
+    for key, value in (vllm_overrides or {}).items():
+        spec[key] = value
+        reasons[("flag", key)] = "npuops_vllm_overrides.%s" % key
+    for key, value in (env_overrides or {}).items():
+        env[key] = str(value)
+        reasons[("env", key)] = "npuops_env_overrides.%s" % key
+    left = sorted("%s=%s" % (k, v) for k, v in env.items() if recipes.unbound(v))
+    if left:
+        raise RenderError("recipe %s, role %s: %s: no plan value binds these variables and no deviation row "
+                          "removes them" % (recipe["name"], role, ", ".join(left)))
+    return spec, env, recipe_spec, recipe_env, reasons
 
 
 def rendezvous_peer(spec):
@@ -124,22 +114,25 @@ def labels(entry, tier):
 def serve_containers(plan, hostvars, tier, model, options):
     """-> {host: {"engine": container or None, "proxy": container or None}}.
 
-    `options`: model_dir, image, name (engine container), proxy_name, shm_size, privileged, devices (physical
-    ids, default 0..dies-1). A container: {name, image, command, env, devices, mounts, shm_size, privileged,
-    labels, ready_url, peers, instance, group, group_key, role}.
+    `options`: recipe (the recipe document, data/recipes), model_overrides (npuops_model_overrides), model_dir,
+    tokenizer_dir, image, name (engine container), proxy_name, shm_size, privileged, devices (physical ids, default
+    0..dies-1). A container: {name, image, command, env, devices, mounts, shm_size, privileged, labels, ready_url,
+    peers, instance, group, group_key, role, recipe, recipe_diff}.
     """
     dies = int(tier.get("dies_per_node", 16))
-    groups = dict((g["name"], g) for g in tier["groups"])
     privileged = values.to_bool(options.get("privileged", False))
+    recipe = options["recipe"]
+    tokenizer_dir = options.get("tokenizer_dir") or options["model_dir"]
     out = {}
     for host, entry in sorted(plan["hosts"].items()):
-        group = groups[entry["group"]]
         instance = plan["instances"][entry["instance"]]
-        spec = engine_spec(entry, model, options["model_dir"], tier, group, instance["ports"])
-        spec.update(hostvar(hostvars, host, "npuops_vllm_overrides", {}) or {})
+        plan_vals = plan_values(entry, instance["ports"], hostvars, host, model, options, dies)
         try:
+            spec, env, recipe_spec, recipe_env, reasons = engine_command(
+                entry, recipe, plan_vals, model, options.get("model_overrides"),
+                hostvar(hostvars, host, "npuops_vllm_overrides", {}), hostvar(hostvars, host, "npuops_env_overrides"))
             argv = vllm_cli.render(spec)
-        except vllm_cli.VllmCliError as e:
+        except (vllm_cli.VllmCliError, recipes.RecipeError, RenderError) as e:
             raise AnsibleFilterError("serve_containers: host %s: %s" % (host, e))
         leader = plan["hosts"][entry["leader"]]
         ready_host = entry if entry["serves_http"] else leader
@@ -149,9 +142,10 @@ def serve_containers(plan, hostvars, tier, model, options):
             "name": options.get("name", "vllm"),
             "image": hostvar(hostvars, host, "npuops_image", options["image"]),
             "command": argv,
-            "env": engine_env(entry, hostvars, host, tier, group, dies),
+            "env": env,
             "devices": ["/dev/davinci%d" % int(d) for d in devices] + MGMT_DEVICES,
-            "mounts": ["%s:%s:ro" % (m, m) for m in HOST_MOUNTS + [options["model_dir"]]],
+            "mounts": ["%s:%s:ro" % (m, m) for m in HOST_MOUNTS + [options["model_dir"]] +
+                       ([tokenizer_dir] if tokenizer_dir != options["model_dir"] else [])],
             "shm_size": options.get("shm_size", "16g"),
             "privileged": privileged,
             "labels": labels(entry, tier),
@@ -161,6 +155,11 @@ def serve_containers(plan, hostvars, tier, model, options):
             "group": entry["group"],
             "group_key": entry["group_key"],
             "role": entry["role"],
+            "recipe": recipe["name"],
+            # what the command needs from the image's vLLM / vllm-ascend (filter image_problems checks it)
+            "needs": dict((k, spec[k]) for k in ("reasoning_parser", "tool_call_parser", "tokenizer_mode",
+                                                 "kv_cache_dtype") if spec.get(k) not in (None, "")),
+            "recipe_diff": recipes.compare(recipe_spec, recipe_env, spec, env, reasons),
         }, "proxy": None}
     for name, instance in sorted(plan["instances"].items()):
         proxy = instance.get("proxy")
@@ -243,9 +242,11 @@ def plan_report(containers, plan):
     deployment), per instance its proxy and endpoint, and the service's endpoint."""
     hosts = {}
     for host, entry in sorted(plan["hosts"].items()):
+        engine = containers[host]["engine"]
         hosts[host] = {"role": entry["role"], "instance": entry["instance"], "group": entry["group"],
                        "rank": entry["dp_start_rank"] if entry["launch"] != "multinode" else entry["node_rank"],
-                       "headless": entry["headless"], "container": _shown(containers[host]["engine"])}
+                       "headless": entry["headless"], "container": _shown(engine),
+                       "recipe": engine["recipe"], "recipe_diff": engine["recipe_diff"]}
     instances = {}
     for name, inst in sorted(plan["instances"].items()):
         proxy = None
@@ -254,6 +255,21 @@ def plan_report(containers, plan):
         instances[name] = {"hosts": inst["hosts"], "endpoint": inst["endpoint"], "proxy": proxy}
     return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "instances": instances,
             "gateway": plan.get("gateway")}
+
+
+def recipe_diff_lines(containers):
+    """plan.yml's per-host difference from the recipe: one line per flag or environment key, with why."""
+    out = []
+    for host, pair in sorted(containers.items()):
+        engine = (pair or {}).get("engine")
+        if not engine:
+            continue
+        rows = engine["recipe_diff"]
+        out.append("%s: recipe %s%s" % (host, engine["recipe"], "" if rows else ", exactly"))
+        for r in rows:
+            name = r["key"] if r["kind"] == "flag" else "env " + r["key"]
+            out.append("  %s: %s -> %s (%s)" % (name, r["recipe"], r["runs"], r["why"] or "NOT EXPLAINED"))
+    return out
 
 
 def serve_leftovers(last, plan):
@@ -279,5 +295,5 @@ def board_dirs(run_id, phases=("settle", "ready")):
 class FilterModule(object):
     def filters(self):
         return {"serve_containers": serve_containers, "serve_restarts": serve_restarts, "plan_report": plan_report,
-                "board_dirs": board_dirs, "serve_leftovers": serve_leftovers,
+                "board_dirs": board_dirs, "serve_leftovers": serve_leftovers, "recipe_diff_lines": recipe_diff_lines,
                 "serve_deployment_record": deployment_record}

@@ -23,6 +23,22 @@ def preset_problems(preset, image, preset_name=None):
     return versions.preset_problems(preset, image, preset_name)
 
 
+def image_problems(containers):
+    """What the engines' commands need that their image lacks (every host's image: npuops_image may differ per host),
+    each problem once."""
+    out = []
+    for host, pair in sorted((containers or {}).items()):
+        engine = (pair or {}).get("engine")
+        if not engine:
+            continue
+        for p in versions.preset_problems(engine.get("needs") or {}, engine["image"],
+                                          where="the command of recipe %s" % engine["recipe"]):
+            if p not in out:
+                out.append(p)
+    return out
+
+
 class FilterModule(object):
     def filters(self):
-        return {"image_versions": image_versions, "preset_problems": preset_problems}
+        return {"image_versions": image_versions, "preset_problems": preset_problems,
+                "image_problems": image_problems}

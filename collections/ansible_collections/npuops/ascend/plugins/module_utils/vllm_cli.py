@@ -62,13 +62,22 @@ FLAGS = {
     "kv_transfer_config": ("--kv-transfer-config", "json"),
     "speculative_config": ("--speculative-config", "json"),
     "additional_config": ("--additional-config", "json"),
+    # what the Kimi-K3 recipes add (data/recipes): a tokenizer directory, dtype, multimodal and hybrid-cache options
+    "tokenizer": ("--tokenizer", "str"),
+    "dtype": ("--dtype", "str"),
+    "allowed_local_media_path": ("--allowed-local-media-path", "str"),
+    "mm_processor_cache_gb": ("--mm-processor-cache-gb", "float"),
+    "mm_encoder_tp_mode": ("--mm-encoder-tp-mode", "str"),
+    "limit_mm_per_prompt": ("--limit-mm-per-prompt", "json"),
+    "skip_mm_profiling": ("--skip-mm-profiling", "flag"),
+    "mamba_cache_mode": ("--mamba-cache-mode", "str"),
+    "language_model_only": ("--language-model-only", "flag"),
 }
 
 CHOICES = {
     "distributed_executor_backend": ("mp", "ray", "uni", "external_launcher"),
     "safetensors_load_strategy": ("eager", "lazy", "prefetch", "torchao"),
-    # the values every vLLM of data/images.yml has (none has a plain int8: CacheDType, vllm/config/cache.py)
-    "kv_cache_dtype": ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"),
+    "mm_encoder_tp_mode": ("weights", "data"),
 }
 
 

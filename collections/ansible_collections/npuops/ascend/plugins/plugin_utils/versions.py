@@ -34,7 +34,7 @@ def table():
 def image_tag(image):
     """The tag of an image reference (a digest after it is ignored; no tag is ``latest``, as docker pulls it; a
     digest alone names no tag: None)."""
-    ref, _, digest = str(image or "").partition("@")
+    ref, digest = (str(image or "").split("@", 1) + [""])[:2]
     last = ref.rsplit("/", 1)[-1]
     if ":" in last:
         return last.split(":", 1)[1]
@@ -43,8 +43,7 @@ def image_tag(image):
 
 def image_digest(image):
     """The ``sha256:...`` digest an image reference pins, or None."""
-    digest = str(image or "").partition("@")[2]
-    return digest or None
+    return str(image or "").split("@", 1)[1] if "@" in str(image or "") else None
 
 
 def image_versions(image, data=None):
@@ -90,11 +89,12 @@ def images_with(field, value, data=None):
             if value in (line_versions(line, data).get(field) or [])]
 
 
-def preset_problems(preset, image, preset_name=None, data=None):
-    """What the preset needs that the image's vLLM lacks: one string per problem, naming the image, the preset
-    field and the fix. An image the table does not know is a problem too (nothing could be checked)."""
+def preset_problems(preset, image, preset_name=None, data=None, where=None):
+    """What the preset (or a command's needs, named by ``where``) needs that the image's vLLM lacks: one string per
+    problem, naming the image, the field and the fix. An image the table does not know is a problem too (nothing could
+    be checked)."""
     data = data if data is not None else table()
-    where = "preset %s" % preset_name if preset_name else "the model preset"
+    where = where or ("preset %s" % preset_name if preset_name else "the model preset")
     info = image_versions(image, data)
     if not info["known"]:
         if info["tag"] is None:

@@ -75,6 +75,16 @@ def serve_parser(sub):
     add("--kv-transfer-config", type=json_arg)
     add("--speculative-config", type=json_arg)
     add("--additional-config", type=json_arg)
+    # the Kimi-K3 recipes' tokenizer, dtype, multimodal and hybrid-cache options (vllm/engine/arg_utils.py)
+    add("--tokenizer")
+    add("--dtype", default="auto")
+    add("--allowed-local-media-path", default="")
+    add("--mm-processor-cache-gb", type=float, default=4)
+    add("--mm-encoder-tp-mode", choices=["weights", "data"], default="weights")
+    add("--limit-mm-per-prompt", type=json_arg)
+    add("--skip-mm-profiling", action="store_true")
+    add("--mamba-cache-mode", default="none")
+    add("--language-model-only", action="store_true")
     return p
 
 

@@ -437,6 +437,10 @@ def run(args):
         garbage = True
     check_shm(local_world)
     weights = check_weights(model_path)
+    if args.tokenizer and not os.path.isdir(args.tokenizer):
+        # transformers' AutoTokenizer on a missing local directory (vllm/transformers_utils/tokenizer.py)
+        die("OSError: Can't load tokenizer for '%s'. If you were trying to load it from 'https://huggingface.co/"
+            "models', make sure you don't have a local directory with the same name." % args.tokenizer)
 
     signature = {"model": os.path.basename(model_path.rstrip("/")), "tp": tp, "pp": pp, "dp": dp,
                  "nnodes": args.nnodes, "kv_role": kv.get("kv_role")}

@@ -21,8 +21,13 @@ def vllm_version():
 
 def vllm():
     """The emulated vLLM's capabilities: reasoning_parsers, tool_call_parsers, tokenizer_modes, kv_cache_dtypes,
-    reasoning_field, bench_latencies."""
-    return dict(table()["vllm"][vllm_version()], version=vllm_version())
+    reasoning_field, bench_latencies; plus what the image's vllm-ascend registers (NPUOPS_SIM_VLLM_ASCEND_REGISTERS,
+    field:name,name;...: the kimi_k3 parsers of the Kimi-K3 images, as vllm_ascend/patch/platform registers them)."""
+    out = dict(table()["vllm"][vllm_version()], version=vllm_version())
+    for part in filter(None, os.environ.get("NPUOPS_SIM_VLLM_ASCEND_REGISTERS", "").split(";")):
+        field, _, names = part.partition(":")
+        out[field] = list(out.get(field) or []) + [n for n in names.split(",") if n not in (out.get(field) or [])]
+    return out
 
 
 def proxy():

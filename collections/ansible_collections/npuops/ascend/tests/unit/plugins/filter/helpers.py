@@ -31,3 +31,17 @@ def inventory(n, prefix="node", net="10.0.0."):
     hostvars = dict((h, {"npuops_node_ip": net + str(11 + i), "npuops_nic": "enp189s0f0",
                          "npuops_fabric_ip": "10.9.%d.100" % i}) for i, h in enumerate(hosts))
     return {"all": hosts, "npu_nodes": list(hosts)}, hostvars
+
+
+OPTS = {"model_dir": "/data/models/k3", "image": "quay.io/ascend/vllm-ascend:v0.23.0-a3"}
+
+
+def rendered(tier_name, preset, recipe_name=None, overrides=None, opts=None):
+    """What the plan role does before serve_containers: the recipe (the default of tier + preset), the tier with its
+    ports, the preset with the recipe's values and the overrides, and the options -> (tier, model, options)."""
+    from ansible_collections.npuops.ascend.plugins.filter import inventory as inventory_filter
+    from ansible_collections.npuops.ascend.plugins.plugin_utils import recipes
+    recipe = recipes.choose(recipe_name, tier_name, preset)
+    tier = recipes.tier_with_recipe(tier_spec(tier_name), recipe)
+    model = inventory_filter.model_spec(presets(), preset, overrides, recipe)
+    return tier, model, dict(opts or OPTS, recipe=recipe, model_overrides=overrides or {})

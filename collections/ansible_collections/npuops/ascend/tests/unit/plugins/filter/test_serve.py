@@ -9,19 +9,16 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter import serve, topology
-from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, presets, tier_spec
-
-OPTS = {"model_dir": "/data/models/k3", "image": "quay.io/ascend/vllm-ascend:v0.23.0-a3"}
-
+from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered, tier_spec
 
 def containers(tier_name, n, preset="kimi_k3_w4a8", extra_groups=None, **host_values):
     groups, hv = inventory(n)
     groups.update(extra_groups(groups) if extra_groups else {})
     for h in hv:
         hv[h].update(host_values)
-    tier = tier_spec(tier_name)
+    tier, model, opts = rendered(tier_name, preset)
     plan = topology.plan_topology(groups, hv, tier)
-    return serve.serve_containers(plan, hv, tier, presets()[preset], OPTS), plan, hv, tier
+    return serve.serve_containers(plan, hv, tier, model, opts), plan, hv, tier
 
 
 def flag(argv, name):
@@ -35,9 +32,9 @@ def test_2node_pp_leader_and_headless_worker():
         argv = c["command"]
         assert flag(argv, "--nnodes") == "2" and flag(argv, "--node-rank") == rank
         assert flag(argv, "--master-addr") == "10.0.0.11" and flag(argv, "--pipeline-parallel-size") == "2"
-        # int8 KV comes from the C8 checkpoint: vLLM has no --kv-cache-dtype int8
-        assert "--kv-cache-dtype" not in argv and flag(argv, "--block-size") == "768"
-        assert "--data-parallel-size" not in argv
+        # the field report's template: int8 KV, block 768, expert parallel
+        assert flag(argv, "--kv-cache-dtype") == "int8" and flag(argv, "--block-size") == "768"
+        assert "--enable-expert-parallel" in argv and "--data-parallel-size" not in argv
     assert "--headless" in work["command"] and "--port" not in work["command"]
     assert flag(lead["command"], "--host") == "10.0.0.11" and work["ready_url"] == "http://10.0.0.11:8000/health"
     assert work["peers"] == ["10.0.0.11:29500"] and lead["peers"] == []
@@ -66,14 +63,17 @@ def test_8p8d_kv_transfer_and_proxy():
     p, d = out["node03"]["engine"], out["node12"]["engine"]
     kvp = json.loads(flag(p["command"], "--kv-transfer-config"))
     kvd = json.loads(flag(d["command"], "--kv-transfer-config"))
-    assert (kvp["kv_role"], kvp["kv_port"], kvd["kv_role"], kvd["kv_port"]) == (
-        "kv_producer", "36000", "kv_consumer", "36200")
+    # the recipe's producer connector without the memcache pool (deviation no_memcache_pool_yet)
+    assert (kvp["kv_connector"], kvp["kv_role"], kvp["kv_port"], kvd["kv_role"], kvd["kv_port"]) == (
+        "MooncakeConnectorV1", "kv_producer", "36000", "kv_consumer", "36200")
     assert kvp["kv_connector_extra_config"] == kvd["kv_connector_extra_config"]
     assert kvp["engine_id"] == "prefill-2" and kvd["engine_id"] == "decode-3"
     assert flag(p["command"], "--data-parallel-rank") == "2" and "--headless" not in p["command"]
-    assert "--no-enable-prefix-caching" in d["command"] and "--enable-prefix-caching" in p["command"]
-    assert p["env"]["HCCL_BUFFSIZE"] == "256" and d["env"]["HCCL_BUFFSIZE"] == "1024"
-    assert d["env"]["VLLM_ASCEND_ENABLE_MLAPO"] == "1" and "VLLM_ASCEND_ENABLE_MLAPO" not in p["env"]
+    assert "--enable-prefix-caching" in d["command"] and "--enable-prefix-caching" in p["command"]
+    assert "--enforce-eager" in p["command"] and "--enforce-eager" not in d["command"]
+    assert p["env"]["HCCL_BUFFSIZE"] == d["env"]["HCCL_BUFFSIZE"] == "1024"
+    assert d["env"]["HCCL_OP_EXPANSION_MODE"] == "AIV" and "HCCL_OP_EXPANSION_MODE" not in p["env"]
+    assert "MMC_LOCAL_CONFIG_PATH" not in p["env"] and "LD_LIBRARY_PATH" not in p["env"]
     proxy = out["node01"]["proxy"]["command"]
     hosts = proxy[proxy.index("--prefiller-hosts") + 1:proxy.index("--prefiller-ports")]
     assert hosts == ["10.0.0.%d" % (11 + i) for i in range(8)]
@@ -86,15 +86,15 @@ def test_per_host_overrides_reach_the_argv_and_the_peer_check():
     groups, hv = inventory(4)
     hv["node04"]["npuops_vllm_overrides"] = {"data_parallel_address": "10.0.0.99"}
     hv["node02"]["npuops_env_overrides"] = {"HCCL_BUFFSIZE": 2048}
-    tier = tier_spec("4node_dp")
+    tier, model, opts = rendered("4node_dp", "kimi_k3_w4a8")
     plan = topology.plan_topology(groups, hv, tier)
-    out = serve.serve_containers(plan, hv, tier, presets()["kimi_k3_w4a8"], OPTS)
-    assert out["node04"]["engine"]["peers"] == ["10.0.0.99:13389"]
+    out = serve.serve_containers(plan, hv, tier, model, opts)
+    assert out["node04"]["engine"]["peers"] == ["10.0.0.99:13345"]  # the tutorial's RPC_PORT
     assert out["node02"]["engine"]["env"]["HCCL_BUFFSIZE"] == "2048"
     hv["node03"]["npuops_vllm_overrides"] = {"max_num_seq": 8}
     with pytest.raises(AnsibleFilterError, match=r"host node03: unknown vllm serve option 'max_num_seq' \(did you mean "
                                                  r"max_num_seqs"):
-        serve.serve_containers(plan, hv, tier, presets()["kimi_k3_w4a8"], OPTS)
+        serve.serve_containers(plan, hv, tier, model, opts)
 
 
 def preview(action, started=True, changes=()):
@@ -152,5 +152,6 @@ def test_the_deploy_waits_as_long_as_the_engine_allows_its_ranks():
     from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
     with open(os.path.join(catalog.ROLES_DIR, "serve", "defaults", "main.yml")) as f:
         wait = yaml.safe_load(f)["npuops_serve_ready_timeout"]
-    assert int(serve.COMMON_ENV["VLLM_ENGINE_READY_TIMEOUT_S"]) == 7200
+    from ansible_collections.npuops.ascend.plugins.plugin_utils import recipes
+    assert recipes.load("kimi_k3_tutorial_4node_a3")["env"]["VLLM_ENGINE_READY_TIMEOUT_S"] == "7200"
     assert wait >= 7200

@@ -4,9 +4,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible_collections.npuops.ascend.plugins.filter import serve, status, topology
-from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, presets, tier_spec
-
-OPTS = {"model_dir": "/data/models/k3", "image": "quay.io/ascend/vllm-ascend:v0.23.0-a3"}
+from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered
 
 
 def setup(n=4, instances=1):
@@ -14,9 +12,9 @@ def setup(n=4, instances=1):
     if instances > 1:
         for i, h in enumerate(groups["npu_nodes"]):
             hv[h]["npuops_instance"] = "ab"[i // n]
-    tier = tier_spec("4node_dp")
+    tier, model, opts = rendered("4node_dp", "kimi_k3_w4a8")
     plan = topology.plan_topology(groups, hv, tier)
-    containers = serve.serve_containers(plan, hv, tier, presets()["kimi_k3_w4a8"], OPTS)
+    containers = serve.serve_containers(plan, hv, tier, model, opts)
     for h in plan["hosts"]:
         hv[h]["c"] = {"containers": {"vllm": {"exists": True, "running": True, "ours": True, "status": "running"}}}
     return plan, hv, containers

@@ -1,0 +1,266 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Recipes (``data/recipes/*.yml``): validated launch configurations exactly as their sources publish them, and the
+deviations table (``data/deviations.yml``): everything npuops adds or changes on top, each row with its reason.
+
+A recipe's commands keep the source's shell variables (``$MODEL_PATH``, ``${local_ip}``, ``$2``); ``bind`` replaces
+each with the plan's value the recipe names (``variables``), ``command_spec`` reads the bound command back into a
+``vllm_cli`` spec (the inverse of ``vllm_cli.render``), and ``compare`` names every difference between the recipe and
+what a host will run, flag by flag and key by key, each with where it comes from: a deviation row, an operator
+override, or nothing (which a test refuses).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import os
+import re
+import shlex
+
+from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
+from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
+
+# `$NAME`, `${NAME}`, the positional `$1`..`$9` of a launch script, and `<NAME>` placeholders
+VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\d|[A-Za-z_]\w*)|<([A-Z][A-Z0-9_]*)>")
+FLAG_KEYS = dict((flag, (key, kind)) for key, (flag, kind) in vllm_cli.FLAGS.items())
+
+
+class RecipeError(ValueError):
+    pass
+
+
+def names():
+    return sorted(f[:-4] for f in os.listdir(os.path.join(catalog.DATA_DIR, "recipes")) if f.endswith(".yml"))
+
+
+def load(name):
+    if name not in names():
+        raise RecipeError("recipe %r is not one of %s (data/recipes)" % (name, ", ".join(names())))
+    return catalog.load("recipes/" + name)
+
+
+def deviations():
+    return catalog.load("deviations")["deviations"]
+
+
+def default_for(tier, model):
+    """The recipe a tier + model preset gets when the inventory names none, or None."""
+    for name in names():
+        doc = load(name)
+        if doc.get("default") and doc["tier"] == tier and model in (doc.get("models") or []):
+            return name
+    return None
+
+
+def choose(name, tier, model):
+    """The recipe document the inventory chooses (``npuops_recipe``), or the tier + preset's default; an error that
+    says what to do when there is none or it does not fit."""
+    if not name:
+        name = default_for(tier, model)
+        if name is None:
+            raise RecipeError("no recipe is the default for tier %s with model preset %s; set npuops_recipe to one of "
+                              "%s (docs/recipes.md)" % (tier, model, ", ".join(names())))
+    doc = load(name)
+    if doc["tier"] != tier:
+        raise RecipeError("npuops_recipe %s is a recipe for tier %s, the inventory's tier is %s; use one of %s"
+                          % (name, doc["tier"], tier,
+                             ", ".join(n for n in names() if load(n)["tier"] == tier) or "none"))
+    return doc
+
+
+def model_values(recipe, preset):
+    """The preset fields the recipe's command sets (its first role's, read with every variable at 0): served name,
+    lengths, memory, parsers, caching, graph mode."""
+    role = sorted(recipe["roles"])[0]
+    names = set(VARIABLE.findall(recipe["roles"][role]["command"]))
+    zero = dict((n, "0") for triple in names for n in triple if n)
+    spec = command_spec(bind(recipe["roles"][role]["command"], zero, recipe["name"]), recipe["name"])
+    out = dict((k, spec[k]) for k in preset if k in spec and k in vllm_cli.FLAGS and k != "model")
+    cudagraph = (spec.get("compilation_config") or {}).get("cudagraph_mode")
+    if "cudagraph_mode" in preset:
+        out["cudagraph_mode"] = cudagraph
+    if "kv_cache_dtype" in preset and "kv_cache_dtype" not in spec:
+        out["kv_cache_dtype"] = "auto"
+    return out
+
+
+def tier_with_recipe(tier, recipe):
+    """The tier with the recipe's port defaults (the values its source gives, e.g. the tutorial's RPC_PORT=13345)."""
+    if not recipe or not recipe.get("ports"):
+        return tier
+    out = dict(tier)
+    out["ports"] = dict(tier.get("ports") or {}, **recipe["ports"])
+    return out
+
+
+def bind(text, values, where, strict=True):
+    """``text`` with every variable replaced by its value. An unbound variable is an error naming it, or, with
+    ``strict`` false (environment values, which a deviation row may remove), stays as the source wrote it."""
+    def one(m):
+        var = m.group(1) or m.group(2) or m.group(3)
+        if var not in values or values[var] is None:
+            if not strict:
+                return m.group(0)
+            raise RecipeError("%s: the variable %s has no value (recipe variables: %s)"
+                              % (where, m.group(0), ", ".join(sorted(values))))
+        return str(values[var])
+    return VARIABLE.sub(one, str(text))
+
+
+def unbound(text):
+    """The variables still in a value (after strict=False binding)."""
+    return [m.group(0) for m in VARIABLE.finditer(str(text))]
+
+
+def flag_key(flag):
+    """The vllm_cli spec key of a flag as a source writes it (vLLM accepts --a_b for --a-b)."""
+    name = flag.split("=", 1)[0]
+    name = "--" + name[2:].replace("_", "-")
+    if name in FLAG_KEYS:
+        return FLAG_KEYS[name]
+    if name.startswith("--no-") and ("--" + name[5:]) in FLAG_KEYS and FLAG_KEYS["--" + name[5:]][1] == "toggle":
+        return FLAG_KEYS["--" + name[5:]][0], "toggle-off"
+    raise RecipeError("flag %s is not in vllm_cli.FLAGS%s" % (name, vllm_cli.closest(name[2:].replace("-", "_"))))
+
+
+def command_spec(command, where):
+    """A `vllm serve` command line (one string, shell-quoted as a source writes it) -> vllm_cli spec."""
+    argv = shlex.split(command.replace("\\\n", " "))
+    if argv[:2] != ["vllm", "serve"] or len(argv) < 3 or argv[2].startswith("--"):
+        raise RecipeError("%s: the command must start with `vllm serve <model>`" % where)
+    spec = {"model": argv[2]}
+    i = 3
+    while i < len(argv):
+        token = argv[i]
+        if not token.startswith("--"):
+            raise RecipeError("%s: %r is not a flag" % (where, token))
+        key, kind = flag_key(token)
+        inline = token.split("=", 1)[1] if "=" in token else None
+        if kind in ("flag", "toggle"):
+            spec[key] = True
+            i += 1
+            continue
+        if kind == "toggle-off":
+            spec[key] = False
+            i += 1
+            continue
+        if inline is None:
+            if i + 1 >= len(argv):
+                raise RecipeError("%s: %s needs a value" % (where, token))
+            value, i = argv[i + 1], i + 2
+        else:
+            value, i = inline, i + 1
+        try:
+            spec[key] = {"int": int, "float": float, "str": str, "json": json.loads}[kind](value)
+        except ValueError as e:
+            raise RecipeError("%s: %s %r: %s" % (where, token, value, e))
+    return spec
+
+
+def role_of(entry):
+    """The recipe role a host of the plan plays: prefill / decode for PD, else leader / worker."""
+    if entry.get("kv_role") == "kv_producer":
+        return "prefill"
+    if entry.get("kv_role") == "kv_consumer":
+        return "decode"
+    return entry["role"]
+
+
+def render(recipe, role, values):
+    """-> (spec, env) of one role with the plan's values bound: exactly the recipe."""
+    where = "recipe %s, role %s" % (recipe["name"], role)
+    roles = recipe.get("roles") or {}
+    if role not in roles:
+        raise RecipeError("%s: the recipe has no such role (it has %s)" % (where, ", ".join(sorted(roles))))
+    bound = dict((var, values.get(field)) for var, field in (recipe.get("variables") or {}).items())
+    spec = command_spec(bind(roles[role]["command"], bound, where), where)
+    env = {}
+    for layer in (recipe.get("env"), roles[role].get("env")):
+        env.update((k, bind(v, bound, where, strict=False)) for k, v in (layer or {}).items())
+    return spec, env
+
+
+def applies(row, recipe, role, entry):
+    when = row.get("when") or {}
+    if when.get("recipes") and recipe["name"] not in when["recipes"]:
+        return False
+    if when.get("roles") and role not in when["roles"]:
+        return False
+    if when.get("launch") and entry.get("launch") not in when["launch"]:
+        return False
+    if "serves_http" in when and bool(entry.get("serves_http")) != bool(when["serves_http"]):
+        return False
+    return True
+
+
+def apply_deviations(recipe, role, entry, values, spec, env, rows=None):
+    """The deviation rows that apply, applied to (spec, env) in place. A row sets a flag
+    (``flag``) or an environment key (``env``) to ``value`` ({plan value} placeholders) or removes it (``remove``);
+    ``if_absent`` rows only add what the recipe does not set itself; ``merge`` rows add keys to a JSON flag. -> the rows
+    that changed something."""
+    applied = []
+    for row in rows if rows is not None else deviations():
+        if not applies(row, recipe, role, entry):
+            continue
+        target, key = (spec, row["flag"]) if "flag" in row else (env, row["env"])
+        if row.get("if_absent") and key in target:
+            continue
+        if row.get("remove"):
+            if key not in target:
+                continue
+            target.pop(key)
+        elif "merge" in row:
+            if not isinstance(target.get(key), dict):
+                continue
+            merged = dict(target[key], **fill(row["merge"], values))
+            if merged == target[key]:
+                continue
+            target[key] = merged
+        else:
+            value = fill(row["value"], values)
+            if "flag" in row and key in vllm_cli.FLAGS and vllm_cli.FLAGS[key][1] == "int":
+                value = int(value)
+            if target.get(key) == value:
+                continue
+            target[key] = value if "flag" in row else str(value)
+        applied.append(row)
+    return applied
+
+
+def fill(value, values):
+    """A row's value with its {plan value} placeholders filled, inside dicts and lists too."""
+    if isinstance(value, str):
+        return value.format(**values)
+    if isinstance(value, dict):
+        return dict((k, fill(v, values)) for k, v in value.items())
+    if isinstance(value, list):
+        return [fill(v, values) for v in value]
+    return value
+
+
+def _show(key, value):
+    if value is None:
+        return "(absent)"
+    flag, kind = vllm_cli.FLAGS.get(key, (key, "str"))
+    if kind == "json":
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return str(value)
+
+
+def compare(recipe_spec, recipe_env, spec, env, reasons):
+    """Every difference between the recipe (bound) and what the host runs: [{kind: flag|env, key, recipe, runs, why}],
+    ``why`` from ``reasons`` ({('flag'|'env', key): why}) or None when nothing explains it."""
+    out = []
+    for kind, a, b in (("flag", recipe_spec, spec), ("env", recipe_env, env)):
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) == b.get(key):
+                continue
+            name = vllm_cli.FLAGS[key][0] if kind == "flag" and key in vllm_cli.FLAGS else key
+            out.append({"kind": kind, "key": name, "recipe": _show(key, a.get(key)) if kind == "flag"
+                        else (a.get(key) if key in a else "(absent)"),
+                        "runs": _show(key, b.get(key)) if kind == "flag" else (b.get(key) if key in b else "(absent)"),
+                        "why": reasons.get((kind, key))})
+    return out

@@ -1,0 +1,175 @@
+# -*- coding: utf-8 -*-
+"""Recipes: what a host runs is the recipe as its source publishes it, plus only the rows of the deviations table and
+the operator's own overrides. The expected commands are typed here from the sources, not derived by the planner."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import shlex
+
+import pytest
+
+from ansible_collections.npuops.ascend.plugins.filter import serve, topology
+from ansible_collections.npuops.ascend.plugins.plugin_utils import recipes
+from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered
+
+# The vLLM-Ascend Kimi-K3 tutorial, section 5.1, with its variables filled in by hand for node01 (node 0) and node03
+# (DP_START_RANK=2): MODEL_PATH=TOKENIZER_PATH=/data/models/k3, LOCAL_IP=10.0.0.1x, NODE0_IP=10.0.0.11,
+# SERVICE_PORT=8000, RPC_PORT=13345, DP_SIZE=4, TP_SIZE=16.
+TUTORIAL_NODE0 = """vllm serve "/data/models/k3" \\
+  --host 0.0.0.0 \\
+  --port 8000 \\
+  --served-model-name kimi-k3 \\
+  --tokenizer "/data/models/k3" \\
+  --tokenizer-mode kimi_k3 \\
+  --quantization ascend \\
+  --safetensors-load-strategy lazy \\
+  --tensor-parallel-size 16 \\
+  --data-parallel-size 4 \\
+  --data-parallel-size-local 1 \\
+  --data-parallel-address 10.0.0.11 \\
+  --data-parallel-rpc-port 13345 \\
+  --enable-expert-parallel \\
+  --enable-prefix-caching \\
+  --max-model-len 133120 \\
+  --max-num-seqs 16 \\
+  --max-num-batched-tokens 8192 \\
+  --gpu-memory-utilization 0.85 \\
+  --reasoning-parser kimi_k3 \\
+  --tool-call-parser kimi_k3 \\
+  --enable-auto-tool-choice \\
+  --compilation-config '{"cudagraph_mode":"FULL_DECODE_ONLY"}'"""
+TUTORIAL_NODE2 = """vllm serve "/data/models/k3" \\
+  --headless \\
+  --host 0.0.0.0 \\
+  --port 8000 \\
+  --served-model-name kimi-k3 \\
+  --tokenizer "/data/models/k3" \\
+  --tokenizer-mode kimi_k3 \\
+  --quantization ascend \\
+  --safetensors-load-strategy lazy \\
+  --tensor-parallel-size 16 \\
+  --data-parallel-size 4 \\
+  --data-parallel-size-local 1 \\
+  --data-parallel-start-rank 2 \\
+  --data-parallel-address 10.0.0.11 \\
+  --data-parallel-rpc-port 13345 \\
+  --enable-expert-parallel \\
+  --enable-prefix-caching \\
+  --max-model-len 133120 \\
+  --max-num-seqs 16 \\
+  --max-num-batched-tokens 8192 \\
+  --gpu-memory-utilization 0.85 \\
+  --reasoning-parser kimi_k3 \\
+  --tool-call-parser kimi_k3 \\
+  --enable-auto-tool-choice \\
+  --compilation-config '{"cudagraph_mode":"FULL_DECODE_ONLY"}'"""
+TUTORIAL_ENV = {
+    "VLLM_ENGINE_READY_TIMEOUT_S": "7200", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3000",
+    "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "HCCL_BUFFSIZE": "1024", "HCCL_BUFFSIZE_EP": "2048",
+    "HCCL_INTRA_PCIE_ENABLE": "1", "HCCL_INTRA_ROCE_ENABLE": "0", "HCCL_OP_EXPANSION_MODE": "AIV",
+    "OMP_PROC_BIND": "false", "OPENBLAS_NUM_THREADS": "1",
+    "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+    "GLOO_SOCKET_IFNAME": "enp189s0f0", "TP_SOCKET_IFNAME": "enp189s0f0", "HCCL_SOCKET_IFNAME": "enp189s0f0",
+}
+
+
+def plan_containers(tier_name, preset, recipe_name=None, overrides=None):
+    nodes = {"2node_pp": 2, "4node_dp": 4, "8p8d_pd": 16}[tier_name]
+    groups, hv = inventory(nodes)
+    if tier_name == "8p8d_pd":
+        groups.update(prefill=groups["npu_nodes"][:8], decode=groups["npu_nodes"][8:])
+        for h in hv:
+            hv[h]["npuops_proxy_host"] = "node01"
+    tier, model, opts = rendered(tier_name, preset, recipe_name, overrides)
+    plan = topology.plan_topology(groups, hv, tier)
+    return serve.serve_containers(plan, hv, tier, model, opts)
+
+
+def spec_of(argv):
+    return recipes.command_spec(shlex.join(argv), "rendered")
+
+
+def test_the_tutorials_node0_and_worker_commands_are_what_runs_but_the_listen_address():
+    out = plan_containers("4node_dp", "kimi_k3_w4a8")
+    node0, node2 = out["node01"]["engine"], out["node03"]["engine"]
+    want0 = recipes.command_spec(TUTORIAL_NODE0, "typed")
+    want0["host"] = "10.0.0.11"  # deviation listen_on_the_node_address, the only one on the command
+    assert spec_of(node0["command"]) == want0
+    assert spec_of(node2["command"]) == recipes.command_spec(TUTORIAL_NODE2, "typed")
+    for engine, ip in ((node0, "10.0.0.11"), (node2, "10.0.0.13")):
+        # the tutorial's environment, and VLLM_HOST_IP (deviation vllm_host_ip)
+        assert engine["env"] == dict(TUTORIAL_ENV, HCCL_IF_IP=ip, VLLM_HOST_IP=ip)
+
+
+@pytest.mark.parametrize("name", recipes.names())
+def test_every_recipe_runs_as_published_but_the_rows_of_the_deviations_table(name):
+    recipe = recipes.load(name)
+    out = plan_containers(recipe["tier"], recipe["models"][0], name)
+    rows = dict((r["id"], r) for r in recipes.deviations())
+    seen = set()
+    for host, pair in out.items():
+        engine = pair["engine"]
+        assert engine["recipe"] == name
+        for diff in engine["recipe_diff"]:
+            assert diff["why"] and diff["why"].startswith("deviation "), (host, diff)
+            row = rows[diff["why"].split(" ", 1)[1]]
+            assert diff["key"] == (row.get("env") or recipes.vllm_cli.FLAGS.get(row["flag"], (row["flag"],))[0])
+            seen.add(diff["why"])
+    assert "deviation listen_on_the_node_address" in seen or name == "gpuworks_kimi_k3_1_pro_2node_a3"
+
+
+def test_the_deviations_table_gives_every_row_a_reason_and_a_source():
+    ids = [r["id"] for r in recipes.deviations()]
+    assert len(ids) == len(set(ids))
+    for row in recipes.deviations():
+        assert row.get("reason") and row.get("source"), row["id"]
+        assert ("flag" in row) != ("env" in row), row["id"]
+        assert sum(k in row for k in ("value", "remove", "merge")) == 1, row["id"]
+
+
+def test_an_operator_override_is_named_in_the_difference():
+    out = plan_containers("4node_dp", "kimi_k3_w4a8", overrides={"max_num_seqs": 32})
+    rows = [r for r in out["node02"]["engine"]["recipe_diff"] if r["key"] == "--max-num-seqs"]
+    assert rows == [{"kind": "flag", "key": "--max-num-seqs", "recipe": "16", "runs": "32",
+                     "why": "npuops_model_overrides.max_num_seqs"}]
+    lines = serve.recipe_diff_lines(out)
+    assert "  --max-num-seqs: 16 -> 32 (npuops_model_overrides.max_num_seqs)" in lines
+
+
+def test_the_field_reports_template_with_what_its_platform_filled_in():
+    out = plan_containers("2node_pp", "kimi_k3_1_pro_w4a8")
+    lead, follower = (spec_of(out[h]["engine"]["command"]) for h in ("node01", "node02"))
+    # the template's key flags (GPUWorks field report), verbatim
+    for spec in (lead, follower):
+        for key, value in (("quantization", "ascend"), ("trust_remote_code", True), ("tensor_parallel_size", 16),
+                           ("pipeline_parallel_size", 2), ("max_model_len", 210000), ("max_num_seqs", 64),
+                           ("max_num_batched_tokens", 8192), ("kv_cache_dtype", "int8"), ("block_size", 768),
+                           ("gpu_memory_utilization", 0.90), ("enable_prefix_caching", True),
+                           ("enable_expert_parallel", True), ("tokenizer_mode", "kimi_k3"),
+                           ("reasoning_parser", "kimi_k3"), ("tool_call_parser", "kimi_k3"),
+                           ("enable_auto_tool_choice", True), ("nnodes", 2), ("master_addr", "10.0.0.11")):
+            assert spec[key] == value, key
+    assert (lead["node_rank"], follower["node_rank"], follower.get("headless"), lead.get("headless")) == (0, 1, True, None)
+    assert lead["model"] == "/data/models/k3" and lead["served_model_name"] == "kimi-k3.1-pro"
+
+
+def test_a_recipe_for_another_tier_or_none_at_all_says_what_to_do():
+    with pytest.raises(recipes.RecipeError, match="is a recipe for tier 4node_dp, the inventory's tier is 2node_pp"):
+        recipes.choose("kimi_k3_tutorial_4node_a3", "2node_pp", "kimi_k3_w4a8")
+    with pytest.raises(recipes.RecipeError, match="recipe 'nope' is not one of"):
+        recipes.choose("nope", "2node_pp", "kimi_k3_w4a8")
+    with pytest.raises(recipes.RecipeError, match="no recipe is the default for tier 4node_dp with model preset x"):
+        recipes.choose(None, "4node_dp", "x")
+
+
+def test_a_command_is_read_as_vllm_reads_it():
+    spec = recipes.command_spec("vllm serve /m --safetensors_load_strategy prefetch --no-enable-prefix-caching "
+                                "--max-num-seqs=8 --limit-mm-per-prompt '{\"vision_chunk\": 2}'", "t")
+    assert spec == {"model": "/m", "safetensors_load_strategy": "prefetch", "enable_prefix_caching": False,
+                    "max_num_seqs": 8, "limit_mm_per_prompt": {"vision_chunk": 2}}
+    with pytest.raises(recipes.RecipeError, match="flag --max-num-seq is not in vllm_cli.FLAGS"):
+        recipes.command_spec("vllm serve /m --max-num-seq 8", "t")
+    with pytest.raises(recipes.RecipeError, match=r"the variable \$RPC_PORT has no value"):
+        recipes.bind("--data-parallel-rpc-port $RPC_PORT", {"PORT": 1}, "t")
+    assert recipes.bind("a ${x} $1 <Y_Z>", {"x": "1", "1": "2", "Y_Z": "3"}, "t") == "a 1 2 3"

@@ -1,0 +1,125 @@
+"""Write docs/recipes.md from the recipes (data/recipes) and the deviations table (data/deviations.yml).
+
+  python tools/render_recipes_doc.py            # rewrite docs/recipes.md
+  python tools/render_recipes_doc.py --check    # exit 1 when docs/recipes.md is not what the data says
+
+The unit stage runs --check, so the document never drifts from the data.
+"""
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "collections"))
+
+from ansible_collections.npuops.ascend.plugins.plugin_utils import recipes  # noqa: E402
+
+DOC = os.path.join(REPO, "docs", "recipes.md")
+# the plan values a recipe's variables and a deviation row's {placeholders} may name (filter/serve.py plan_values)
+PLAN_VALUES = [
+    ("model_dir", "npuops_model_dir"),
+    ("tokenizer_dir", "npuops_tokenizer_dir, or the model directory"),
+    ("served_model_name", "the model preset's served_model_name"),
+    ("node_ip", "the host's npuops_node_ip"),
+    ("leader_address", "npuops_node_ip of its engine group's leader"),
+    ("nic", "the host's npuops_nic"),
+    ("api_port", "the API port (npuops_api_port, else the recipe's or the tier's)"),
+    ("dp_rpc_port", "the DP RPC port (npuops_dp_rpc_port, else the recipe's or the tier's)"),
+    ("master_port", "the multi-node rendezvous port (npuops_master_port, else the tier's)"),
+    ("tp, pp, dp, dp_local", "the engine group's parallel sizes (the tier)"),
+    ("dp_start_rank, node_rank, nodes", "the host's ranks in its group, and the group's size"),
+    ("kv_port", "the group's KV port (npuops_<group>_kv_port, else the tier's)"),
+    ("engine_id", "a stable id per PD engine: <instance->group-rank"),
+    ("visible_devices", "0,1,...,dies-1"),
+]
+
+
+def code(text, lang="sh"):
+    return "```%s\n%s\n```" % (lang, text.rstrip("\n"))
+
+
+def render():
+    out = ["# Recipes", "",
+           "<!-- Written by tools/render_recipes_doc.py from data/recipes and data/deviations.yml; do not edit. -->",
+           "",
+           "A recipe is a validated launch configuration exactly as its source publishes it: the `vllm serve` command "
+           "and the environment of each role (leader, headless worker, prefill, decode), with the source's own shell "
+           "variables. npuops binds each variable to the plan's value the recipe names, then applies the rows of the "
+           "deviations table below, then the operator's overrides (`npuops_model_overrides`, `npuops_vllm_overrides`, "
+           "`npuops_env_overrides`). Nothing else changes: a unit test renders every recipe and refuses any other "
+           "difference.", "",
+           "The inventory chooses one with `npuops_recipe`; without it, the tier and model preset's default is used. "
+           "`playbooks/plan.yml` prints, per host, every flag and environment key that differs from the recipe and "
+           "why, e.g. with `-e '{\"npuops_model_overrides\": {\"max_num_seqs\": 32}}'`:", "",
+           code("a3-node-01: recipe kimi_k3_tutorial_4node_a3\n"
+                "  --host: 0.0.0.0 -> 192.168.100.11 (deviation listen_on_the_node_address)\n"
+                "  --max-num-seqs: 16 -> 32 (npuops_model_overrides.max_num_seqs)\n"
+                "  env VLLM_HOST_IP: (absent) -> 192.168.100.11 (deviation vllm_host_ip)", "text"), "",
+           "## The recipes", "",
+           "| Recipe | Tier | Model presets | Default | Image | Source |", "|---|---|---|---|---|---|"]
+    names = recipes.names()
+    for name in names:
+        r = recipes.load(name)
+        out.append("| [`%s`](#%s) | `%s` | %s | %s | `%s` | %s |" % (
+            name, name.replace("_", "-").lower(), r["tier"], ", ".join("`%s`" % m for m in r["models"]),
+            "yes" if r.get("default") else "no", r["image"], " ".join(r["source"]["title"].split())))
+    out += ["", "Recipe ports, where the source gives a value, replace the tier's defaults (the tutorial's "
+            "`RPC_PORT=13345`); the inventory's `npuops_<name>_port` still wins.", ""]
+    for name in names:
+        r = recipes.load(name)
+        out += ["### %s" % name, "", r["summary"], "",
+                "- Source: %s (%s)" % (" ".join(r["source"]["title"].split()), r["source"]["document"]),
+                "- Image: `%s` (vLLM %s, vllm-ascend %s)" % (r["image"], r.get("vllm") or "not named",
+                                                          r.get("vllm_ascend") or "not named"),
+                "- Variables: %s" % (", ".join("`$%s` = %s" % (k, v) for k, v in r["variables"].items()) or "none"),
+                "- Ports: %s" % (", ".join("%s %s" % kv for kv in (r.get("ports") or {}).items()) or "the tier's"),
+                ""]
+        if r.get("env"):
+            out += ["Environment of every role:", "", code("\n".join("export %s=%s" % kv for kv in r["env"].items())),
+                    ""]
+        for role, body in r["roles"].items():
+            out += ["Role `%s`:" % role, ""]
+            if body.get("env"):
+                out += [code("\n".join("export %s=%s" % kv for kv in body["env"].items())), ""]
+            out += [code(body["command"]), ""]
+    out += ["## Deviations", "",
+            "Everything npuops adds to or changes in a recipe (`data/deviations.yml`). `if absent`: only where the "
+            "recipe does not set it itself.", "",
+            "| Row | Changes | To | Applies to | Why | Source |", "|---|---|---|---|---|---|"]
+    for row in recipes.deviations():
+        what = ("flag `%s`" % row["flag"]) if "flag" in row else ("env `%s`" % row["env"])
+        if row.get("remove"):
+            to = "removed"
+        elif "merge" in row:
+            to = "adds %s" % json.dumps(row["merge"])
+        else:
+            to = "`%s`" % (json.dumps(row["value"]) if isinstance(row["value"], (dict, list)) else row["value"])
+        when = row.get("when") or {}
+        where = "; ".join("%s: %s" % (k, ", ".join(map(str, v)) if isinstance(v, list) else v)
+                          for k, v in when.items()) or "all"
+        if row.get("if_absent"):
+            where += " (if absent)"
+        out.append("| `%s` | %s | %s | %s | %s | %s |" % (row["id"], what, to, where, " ".join(row["reason"].split()),
+                                                         row["source"]))
+    out += ["", "## Plan values", "", "What a recipe's `variables` and a deviation row's `{placeholders}` name.", "",
+            "| Name | Value |", "|---|---|"]
+    out += ["| `%s` | %s |" % kv for kv in PLAN_VALUES]
+    return "\n".join(out) + "\n"
+
+
+def main(argv):
+    text = render()
+    if "--check" in argv:
+        with open(DOC) as f:
+            if f.read() != text:
+                print("docs/recipes.md is not what data/recipes and data/deviations.yml say: run "
+                      "python tools/render_recipes_doc.py")
+                return 1
+        return 0
+    with open(DOC, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
