@@ -71,6 +71,20 @@ def test_a_boolean_given_as_a_string_on_the_command_line_means_what_it_says(tmp_
     assert "argument 'npuops_serve_privileged'" in proc.stdout and "'ture' is not a valid boolean" in proc.stdout
 
 
+def test_the_plan_shows_an_override_as_a_difference_from_the_recipe(tmp_path):
+    """plan.yml names, per host, what differs from the recipe (the tutorial's command) and why."""
+    plan, proc = plan_of(tmp_path, "a3-4node", "-e", '{"npuops_model_overrides": {"max_num_seqs": 32}}')
+    text = proc.stdout
+    for node in ("a3-node-01", "a3-node-02", "a3-node-03", "a3-node-04"):
+        assert "%s: recipe kimi_k3_tutorial_4node_a3" % node in text
+    assert text.count("--max-num-seqs: 16 -> 32 (npuops_model_overrides.max_num_seqs)") == 4, text[-3000:]
+    assert "--host: 0.0.0.0 -> 192.168.100.11 (deviation listen_on_the_node_address)" in text
+    assert "NOT EXPLAINED" not in text
+    diff = plan["hosts"]["a3-node-02"]["recipe_diff"]
+    assert {"kind": "flag", "key": "--max-num-seqs", "recipe": "16", "runs": "32",
+            "why": "npuops_model_overrides.max_num_seqs"} in diff
+
+
 def test_a_typo_in_the_model_overrides_is_an_error_naming_the_known_fields(tmp_path):
     _plan, proc = plan_of(tmp_path, "a3-4node", "-e", '{"npuops_model_overrides": {"max_num_seq": 8}}', check=False)
     assert proc.returncode != 0
