@@ -76,6 +76,15 @@ def test_site_through_ansible_runner_reports_every_stage(cluster, site):
     assert {c["name"] for c in outcome["validate"]["checks"] if c["ok"]} == CHECKS
     assert outcome["bench"]["ok"] is True
     assert outcome["bench_report"].startswith(cluster.reports) and os.path.isfile(outcome["bench_report"])
+    # the recipe deployed and what each node's image holds (read by preflight from its package metadata)
+    assert outcome["recipe"] == "kimi_k3_tutorial_4node_a3"
+    assert sorted(outcome["images"]) == ["node01", "node02", "node03", "node04"]
+    held = outcome["images"]["node03"]
+    assert held["versions"]["vllm"] == "0.27.1" and held["versions"]["vllm_ascend"] == "main"
+    assert held["versions"]["cann"] == "9.1.0" and held["id"]
+    assert len(set((i["digest"] or i["id"]) for i in outcome["images"].values())) == 1
+    meta = json.load(open(os.path.join(outcome["bench"]["report_dir"], "meta.json")))
+    assert meta["recipe"] == "kimi_k3_tutorial_4node_a3" and meta["images"] == outcome["images"]
 
     # per-host events: every node ran the preflight checks and started its engine
     for host in ("node01", "node02", "node03", "node04"):

@@ -102,6 +102,30 @@ def image_files():
             rel = os.path.relpath(src, tools)
             with open(src, "rb") as f:
                 files["/" + rel] = (os.stat(src).st_mode & 0o777, f.read())
+    files.update(package_metadata())
+    return files
+
+
+SITE = "/opt/npuops-sim/site"  # + /<build>: on PYTHONPATH of that build only (its ENV)
+# what the vllm-ascend images carry besides vLLM and vllm-ascend (vllm-ascend v0.23.0 release notes: torch_npu
+# 2.10.0.post4 on PyTorch 2.10.0; Dockerfile.a3: FROM quay.io/ascend/cann:9.1.0-a3-...)
+TORCH, TORCH_NPU, CANN = "2.10.0", "2.10.0.post4", "9.1.0"
+
+
+def package_metadata(table=None):
+    """The package metadata each build carries, as an installed image does (what `pip show vllm vllm-ascend` and
+    importlib.metadata read): vllm and vllm-ascend at the versions its line says, torch and torch_npu; and the CANN
+    toolkit's install info (what vllm-ascend's collect_env.py reads)."""
+    table = table or version_table()
+    files = {"/usr/local/Ascend/ascend-toolkit/latest/x86_64-linux/ascend_toolkit_install.info":
+             (0o644, ("package_name=Ascend-cann-toolkit\nversion=%s\n" % CANN).encode())}
+    for alias in ALIASES:
+        env = emulated(alias, table)
+        line = next(x for x in table["images"] if re.search(x["tag_pattern"], alias))
+        for name, dist, version in (("vllm", "vllm", line["vllm"]), ("vllm-ascend", "vllm_ascend", line["vllm_ascend"]),
+                                    ("torch", "torch", TORCH), ("torch-npu", "torch_npu", TORCH_NPU)):
+            path = "%s/%s/%s-%s.dist-info/METADATA" % (SITE, build_name(env), dist, version)
+            files[path] = (0o644, ("Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (name, version)).encode())
     return files
 
 
@@ -191,6 +215,7 @@ def _ensure(log):
                 changes = ["WORKDIR /workspace", 'CMD ["/bin/bash"]',
                            "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
                 changes += ["ENV %s=%s" % kv for kv in sorted(env.items())]
+                changes += ["ENV PYTHONPATH=%s/%s" % (SITE, build)]
                 podman("import", *[x for c in changes for x in ("--change", c)], layered, names[build])
         finally:
             os.unlink(layered)

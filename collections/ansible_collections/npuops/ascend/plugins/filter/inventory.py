@@ -177,8 +177,8 @@ def validate(groups, hostvars, presets, tiers=None):
         problems.extend(override_problems(presets[model], hostvar(hostvars, first, "npuops_model_overrides", {})))
     if tier is not None and model in presets:
         try:
-            tier = recipes.tier_with_recipe(tier, recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None,
-                                                                  tier_name, model))
+            recipe = recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None, tier_name, model)
+            tier = recipes.tier_with_recipe(tier, recipe)
         except recipes.RecipeError as e:
             problems.append("npuops_recipe: %s" % e)
     model_dir = hostvar(hostvars, first, "npuops_model_dir")

@@ -52,6 +52,12 @@ def _preflight(p):
                          for f in p.get("failures") or []]}
 
 
+def images_of(preflight):
+    """{host: {image, id, digest, versions}}: what preflight read from each engine image on its node."""
+    return dict((h, dict((k, i.get(k)) for k in ("image", "id", "digest", "versions")))
+                for h, i in sorted(((preflight or {}).get("images") or {}).items()) if i.get("present"))
+
+
 def _weights(w):
     return {"seed": w.get("seed"), "total_bytes": int(w.get("total_bytes") or 0),
             "files": len(w.get("files") or []) if isinstance(w.get("files"), list) else w.get("files"),
@@ -71,8 +77,9 @@ STAGES = {
 
 
 def rollout_outcome(plan, model_spec, stages=None):
-    """The outcome of site.yml for tools: the plan's endpoint, model, tier, nodes and instances, every stage's
-    result (`stages`: {stage: what its role left, or None}, and `failed`: site_failures' answer, or None)."""
+    """The outcome of site.yml for tools: the plan's endpoint, model, tier, recipe, nodes and instances, what each
+    node's image holds (read by preflight), every stage's result (`stages`: {stage: what its role left, or None},
+    `failed`: site_failures' answer, or None, and `recipe`: the recipe's name)."""
     plan, stages = plan or {}, stages or {}
     failed = stages.get("failed")
     out = {"ok": not failed, "failed": failed or None, "endpoint": plan.get("endpoint"),
@@ -80,6 +87,7 @@ def rollout_outcome(plan, model_spec, stages=None):
            "nodes": sorted(plan.get("hosts") or []),
            "instances": dict((name, {"endpoint": inst.get("endpoint"), "hosts": inst.get("hosts")})
                              for name, inst in sorted((plan.get("instances") or {}).items())),
+           "recipe": stages.get("recipe"), "images": images_of(stages.get("preflight")),
            "bench_report": (stages.get("bench") or {}).get("report")}
     for name, summary in STAGES.items():
         out[name] = summary(stages[name]) if stages.get(name) else None
@@ -88,5 +96,5 @@ def rollout_outcome(plan, model_spec, stages=None):
 
 class FilterModule(object):
     def filters(self):
-        return {"rollout_outcome": rollout_outcome, "site_failures": site_failures,
+        return {"rollout_outcome": rollout_outcome, "site_failures": site_failures, "images_of": images_of,
                 "unreachable_hosts": unreachable_hosts, "stage_gate": stage_gate}

@@ -17,7 +17,7 @@ import re
 
 from ansible_collections.npuops.ascend.plugins.filter import gateway, monitoring
 from ansible_collections.npuops.ascend.plugins.module_utils import hccn, npu_smi
-from ansible_collections.npuops.ascend.plugins.plugin_utils import results
+from ansible_collections.npuops.ascend.plugins.plugin_utils import results, versions
 
 HBM_IDLE_MAX_MB = 8192  # an idle A3 die shows ~3.2-3.4 GB used (firmware); more means someone holds it
 
@@ -197,11 +197,53 @@ def _hccn_rows(host, result, addr_owner):
     return rows
 
 
+def image_rows(hosts_results, plan, containers):
+    """What each engine image really holds against what its command needs, and one image per instance: -> (rows,
+    {host: what was read})."""
+    rows, held = [], {}
+    for host, r in sorted(hosts_results.items()):
+        img = (r.get("host_check") or {}).get("image")
+        engine = ((containers or {}).get(host) or {}).get("engine") or {}
+        if not img or not engine:
+            continue
+        held[host] = img
+        where = "the command of recipe %s" % engine.get("recipe")
+        if img.get("error"):
+            rows.append(row(host, "image_versions", img["error"], "the versions readable from the image",
+                            "check that %s runs on %s (python3 in the image, the container engine)" % (img["image"], host),
+                            severity="warning"))
+        elif img.get("present") and img.get("versions"):
+            errors, warnings = versions.held_problems(engine.get("needs"), img["versions"], img["image"], where)
+            for msg in errors:
+                rows.append(row(host, "image_versions", msg, "an image that serves %s" % where,
+                                "set npuops_image to an image that has it (docs/versions.md), or choose another recipe"))
+            for msg in warnings:
+                rows.append(row(host, "image_versions", msg, "the versions its tag says", "pin the image's digest in "
+                                "npuops_image (repository:tag@sha256:...)", severity="warning"))
+    for name, inst in sorted(((plan or {}).get("instances") or {}).items()):
+        ids = [(h, held[h].get("digest") or held[h].get("id")) for h in inst.get("hosts") or []
+               if h in held and held[h].get("present")]
+        if len(set(i for _h, i in ids)) <= 1:
+            continue
+        first_host, first_id = ids[0]
+        for host, ident in ids[1:]:
+            if ident != first_id:
+                rows.append(row(host, "image_digest", "%s runs %s %s, %s runs %s" % (
+                    host, held[host]["image"], ident, first_host, first_id),
+                    "one image on every node of instance %s" % name,
+                    "pull the same image on %s and %s: pin it, npuops_image: repository:tag@sha256:..." % (
+                        first_host, host)))
+    return rows, held
+
+
 def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, requirements=None,
-                     strict=True, support=None):
+                     strict=True, support=None, containers=None):
     """`hosts_results`: {host: {npu: facts or None, npu_result, host_check, hccn_check}}; `support`: the rows of the
-    gateway and Prometheus hosts (support_rows)."""
+    gateway and Prometheus hosts (support_rows); `containers`: what each host runs (serve_containers), whose images
+    are checked against what they really hold."""
     rows = list(support or [])
+    found, images = image_rows(hosts_results, plan, containers)
+    rows.extend(found)
     want_gen = tier.get("generation")
     want_dies = int(tier.get("dies_per_node", 16))
     req = requirements or {}
@@ -326,7 +368,7 @@ def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, 
     warnings = [x for x in rows if x["severity"] == "warning"]
     service = [x for x in rows if x["severity"] == "service"]
     return {"ok": not failures, "go": not failures or not strict, "failures": failures, "warnings": warnings,
-            "service": service, "hosts": sorted(hosts_results),
+            "service": service, "hosts": sorted(hosts_results), "images": images,
             "support_hosts": sorted(set(h for h, jobs in ((plan or {}).get("members") or {}).items()
                                         if set(jobs) & {"gateway", "prometheus"})),
             "table": format_table(rows)}

@@ -94,6 +94,13 @@ options:
     description: Shared secret the listener answers with, so a reach check knows it met the listener (given to the
       listener on its stdin, never in its command line).
     type: str
+  image:
+    description:
+      - The engine image of this node. With O(container_engine), its id and registry digest and the versions it
+        holds (vllm, vllm_ascend, torch_npu, torch from their package metadata, CANN from the toolkit's install info)
+        are read without starting the engine, in a throw-away container of the image with no network
+        (RV(image)). An image not on the node yet is reported as not present.
+    type: str
   service_containers:
     description:
       - Names of the containers the service runs on this node (the plan's engine and proxy). Those that exist and
@@ -173,6 +180,26 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+image:
+  description: What O(image) holds.
+  returned: when O(image) and O(container_engine) are set
+  type: dict
+  contains:
+    present:
+      description: Whether the image is on the node.
+      type: bool
+    id:
+      description: The image id.
+      type: str
+    digest:
+      description: The registry digest (C(sha256:...)) the image was pulled by, when it has one.
+      type: str
+    versions:
+      description: C(vllm), C(vllm_ascend), C(torch_npu), C(torch), C(cann) (null where not installed).
+      type: dict
+    error:
+      description: Why the versions could not be read.
+      type: str
 ansible_facts:
   description: The C(npu) fact, as M(npuops.ascend.npu_facts) returns it.
   returned: when O(npu_facts) is set and the NPUs were discovered
@@ -258,7 +285,7 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.npuops.ascend.plugins.module_utils import container, hccn, host, npu_smi, proc
+from ansible_collections.npuops.ascend.plugins.module_utils import container, hccn, host, image_probe, npu_smi, proc
 
 
 def main():
@@ -281,6 +308,7 @@ def main():
             reach_timeout=dict(type="int", default=15),
             token=dict(type="str", no_log=True),
             service_containers=dict(type="list", elements="str", default=[]),
+            image=dict(type="str"),
             npu_facts=dict(type="bool", default=False),
             npu_smi_path=dict(type="path"),
             command_timeout=dict(type="int", default=30),
@@ -310,6 +338,13 @@ def main():
                                       "repair the %s installation (is its daemon running?)" % p["container_engine"]))
         for c in result["service"]:
             service_pids.update(c["pids"])
+    if p["image"] and p["container_engine"] and module.get_bin_path(p["container_engine"]):
+        engine = container.Engine(module.get_bin_path(p["container_engine"]), timeout=p["command_timeout"])
+        try:
+            result["image"] = image_probe.read(engine, p["image"], p["command_timeout"])
+        except (container.ContainerError, ValueError) as e:
+            result["image"] = {"image": p["image"], "present": None, "id": None, "digest": None, "versions": None,
+                               "error": str(e)}
     service_pids.update(host.pid_file_tree(p["service_pid_files"]))
     result["service_pids"] = sorted(service_pids)
     problems += host.check_binaries(p["binaries"])

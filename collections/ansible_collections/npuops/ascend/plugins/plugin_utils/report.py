@@ -5,7 +5,7 @@
 
 Layout of a report directory::
 
-    meta.json            endpoint, model, tier, matrix name, when
+    meta.json            endpoint, model, tier, recipe, image (and what each node's image holds), matrix name, when
     raw/NN-<point>.json  each point's result as vllm bench serve saved it (plus npuops.planned/hit rate)
     requests.jsonl       one line per request of every point
     report.md            a table per series, the reconciliation, the plots

@@ -129,3 +129,48 @@ def capability_problems(preset, info, image, where, data=None):
                         % (image, info["vllm"], info["vllm_ascend"], where, field, value, flag, value,
                            ", ".join(have), fix, field))
     return problems
+
+
+def held_capabilities(held, image, data=None):
+    """What an image really holds can serve: the capabilities of the vLLM version read from it (``held``: the
+    versions image_probe read), plus what its line's vllm-ascend registers when the image holds that line's vLLM and
+    vllm-ascend. -> (capabilities, known): known is false when the table has no entry for that vLLM version."""
+    data = data if data is not None else table()
+    vllm_version = str((held or {}).get("vllm"))
+    caps = dict((data.get("vllm") or {}).get(vllm_version) or {})
+    known = bool(caps)
+    info = image_versions(image, data)
+    if info["known"] and vllm_version == info["vllm"] and str((held or {}).get("vllm_ascend")) == info["vllm_ascend"]:
+        for field, names in (info.get("vllm_ascend_registers") or {}).items():
+            caps[field] = list(caps.get(field) or []) + [n for n in names if n not in (caps.get(field) or [])]
+    return caps, known
+
+
+def held_text(held):
+    return ", ".join("%s %s" % (name, (held or {}).get(key) or "none") for key, name in (
+        ("vllm", "vLLM"), ("vllm_ascend", "vllm-ascend"), ("torch_npu", "torch_npu"), ("cann", "CANN")))
+
+
+def held_problems(needs, held, image, where, data=None):
+    """What a command needs (``needs``: reasoning_parser, tool_call_parser, tokenizer_mode, kv_cache_dtype) that the
+    versions read from the image cannot serve: -> (errors, warnings), each a string naming the image, what it holds and
+    what is needed."""
+    data = data if data is not None else table()
+    caps, known = held_capabilities(held, image, data)
+    if not known:
+        return [], ["%s holds %s (read from the image), and data/images.yml has no entry for vLLM %s, so what %s needs "
+                    "was not checked" % (image, held_text(held), (held or {}).get("vllm"), where)]
+    errors = []
+    for field, capability, flag in PRESET_FIELDS:
+        value = (needs or {}).get(field)
+        if value in (None, "") or (field == "kv_cache_dtype" and value == "auto") or value in (caps.get(capability) or []):
+            continue
+        having = ", ".join(images_with(capability, value, data)) or "none in the table"
+        errors.append("%s holds %s (read from the image): %s needs %s %s, which neither its vLLM nor its vllm-ascend "
+                      "has; use an image that has it (%s)" % (image, held_text(held), where, flag, value, having))
+    warnings = []
+    info = image_versions(image, data)
+    if info["known"] and str((held or {}).get("vllm")) != info["vllm"]:
+        warnings.append("%s holds vLLM %s, its tag's line says %s: the tag was moved or the image was built from "
+                        "elsewhere; pin the digest" % (image, (held or {}).get("vllm"), info["vllm"]))
+    return errors, warnings

@@ -18,6 +18,14 @@ def test_rollout_outcome_names_every_stage_and_none_for_those_not_run():
     assert out["preflight"] == {"ok": True, "go": True, "failures": []}
     assert out["deploy"] == {"restarted": ["main/main"], "changes": ["a (create): (all)"]}
     assert out["weights"] is None and out["bench"] is None and out["bench_report"] is None
+    assert out["recipe"] is None and out["images"] == {}
+    held = {"image": "q/v:kimi-k3-a3", "present": True, "id": "i", "digest": "sha256:d", "error": None,
+            "versions": {"vllm": "0.23.0", "vllm_ascend": "0.23.0", "torch_npu": "t", "torch": "t", "cann": "9.1.0"}}
+    out = outcome.rollout_outcome(plan, {}, {"recipe": "kimi_k3_tutorial_4node_a3", "preflight": {
+        "ok": True, "go": True, "failures": [], "images": {"a": held, "b": dict(held, present=False)}}})
+    assert out["recipe"] == "kimi_k3_tutorial_4node_a3"
+    assert out["images"] == {"a": {"image": "q/v:kimi-k3-a3", "id": "i", "digest": "sha256:d",
+                                   "versions": held["versions"]}}
     failed = outcome.rollout_outcome(plan, {}, {"failed": {"task": "Stop before the weight load", "msg": "m"}})
     assert failed["ok"] is False and failed["failed"]["task"].startswith("Stop")
 

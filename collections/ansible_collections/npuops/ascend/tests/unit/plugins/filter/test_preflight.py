@@ -191,3 +191,24 @@ def test_gather_reads_the_npu_discovery_from_host_check():
     rep = report(c)
     assert checks(rep) == [("node02", "npu_facts", None)]
     assert rep["failures"][0]["observed"] == "npu-smi info did not answer within 5s"
+
+
+def test_image_rows_name_what_the_image_holds_and_nodes_with_another_image():
+    from ansible_collections.npuops.ascend.plugins.filter import preflight as pf
+
+    def held(vllm, ident, image="q/vllm-ascend:main-a3"):
+        return {"host_check": {"image": {"image": image, "present": True, "id": ident, "digest": None, "error": None,
+                                         "versions": {"vllm": vllm, "vllm_ascend": "0.23.0" if vllm == "0.23.0"
+                                                      else "main", "torch_npu": "t", "torch": "t", "cann": "9.1.0"}}}}
+    needs = {"reasoning_parser": "kimi_k3"}
+    containers = dict((h, {"engine": {"image": "q/vllm-ascend:main-a3", "recipe": "r", "needs": needs}})
+                      for h in ("n1", "n2", "n3"))
+    plan = {"instances": {"main": {"hosts": ["n1", "n2", "n3"]}}}
+    rows, images = pf.image_rows({"n1": held("0.27.1", "A"), "n2": held("0.27.1", "A"), "n3": held("0.23.0", "B")},
+                                 plan, containers)
+    errors = [(r["host"], r["check"]) for r in rows if r["severity"] == "error"]
+    assert sorted(errors) == [("n3", "image_digest"), ("n3", "image_versions")]
+    digest = [r for r in rows if r["check"] == "image_digest"][0]
+    assert digest["observed"] == "n3 runs q/vllm-ascend:main-a3 B, n1 runs A"
+    assert "pull the same image on n1 and n3" in digest["fix"]
+    assert images["n3"]["versions"]["vllm"] == "0.23.0"

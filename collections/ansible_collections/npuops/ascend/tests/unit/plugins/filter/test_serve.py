@@ -11,6 +11,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.npuops.ascend.plugins.filter import serve, topology
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered, tier_spec
 
+
 def containers(tier_name, n, preset="kimi_k3_w4a8", extra_groups=None, **host_values):
     groups, hv = inventory(n)
     groups.update(extra_groups(groups) if extra_groups else {})

@@ -93,3 +93,24 @@ def test_an_unknown_tag_is_a_problem_naming_the_table():
     problems = versions.preset_problems({"reasoning_parser": "kimi_k3"}, "r/vllm-ascend:my-build", "p")
     assert len(problems) == 1 and "'my-build' is not in the image version table" in problems[0]
     assert versions.image_versions("r/vllm-ascend")["tag"] == "latest"
+
+
+def test_what_an_image_really_holds_decides_what_it_serves():
+    """The tutorial's command needs the kimi_k3 parsers and tokenizer mode: an image tagged main-a3 whose metadata
+    says vLLM 0.23.0 cannot serve it, and the message names what was read and what is needed."""
+    needs = {"reasoning_parser": "kimi_k3", "tool_call_parser": "kimi_k3", "tokenizer_mode": "kimi_k3"}
+    held = {"vllm": "0.23.0", "vllm_ascend": "0.23.0", "torch_npu": "2.10.0.post4", "torch": "2.10.0", "cann": "9.1.0"}
+    errors, warnings = versions.held_problems(needs, held, "q/vllm-ascend:main-a3", "the command of recipe r")
+    assert len(errors) == 3
+    assert errors[0].startswith("q/vllm-ascend:main-a3 holds vLLM 0.23.0, vllm-ascend 0.23.0, torch_npu 2.10.0.post4, "
+                                "CANN 9.1.0 (read from the image): the command of recipe r needs --reasoning-parser "
+                                "kimi_k3")
+    assert warnings == ["q/vllm-ascend:main-a3 holds vLLM 0.23.0, its tag's line says 0.27.1: the tag was moved or the "
+                        "image was built from elsewhere; pin the digest"]
+    # the same versions under a K3 image's tag: its vllm-ascend registers the parsers (the upstream Kimi-K3 page)
+    assert versions.held_problems(needs, held, "q/vllm-ascend:kimi-k3-a3", "c") == ([], [])
+    # what the main line really holds serves it
+    assert versions.held_problems(needs, dict(held, vllm="0.27.1", vllm_ascend="main"), "q/x:main-a3", "c") == ([], [])
+    # a vLLM the table does not know: nothing checked, said so
+    errors, warnings = versions.held_problems(needs, dict(held, vllm="0.99.0"), "q/x:main-a3", "c")
+    assert errors == [] and "no entry for vLLM 0.99.0" in warnings[0]
