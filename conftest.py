@@ -3,22 +3,22 @@
 A worker is handed the next file in collection order, so the longest files go first: the lanes then finish
 together instead of one lane starting a long file last."""
 
-# Seconds per file in the last measured run (`--durations=0` of the sim stage alone, summed per file; approximate,
-# ordering only). Files not listed keep their place after these. pytest-xdist would reorder the files by their
+# Seconds per file in the last measured run (`--durations=0` of the sim stage of a clean-clone `make test`, summed per
+# file; approximate, ordering only). Files not listed keep their place after these. pytest-xdist would reorder the files by their
 # number of tests: tools/test.sh passes --no-loadscope-reorder so that this order holds.
 FILE_SECONDS = {
-    "test_weights_playbook.py": 520,
-    "test_molecule_scenarios.py": 470,
-    "test_site_playbook.py": 410,
-    "test_gateway.py": 400,
-    "test_deploy_playbook.py": 340,
-    "test_status_recover.py": 290,
-    "test_validate_playbook.py": 270,
-    "test_container_engines.py": 190,
-    "test_preflight_playbook.py": 175,
-    "test_cluster.py": 110,
-    "test_monitor_playbook.py": 80,
-    "test_lifecycle.py": 50,
+    "test_weights_playbook.py": 814,
+    "test_site_playbook.py": 525,
+    "test_molecule_scenarios.py": 463,
+    "test_gateway.py": 428,
+    "test_deploy_playbook.py": 334,
+    "test_status_recover.py": 190,
+    "test_validate_playbook.py": 91,
+    "test_container_engines.py": 91,
+    "test_monitor_playbook.py": 59,
+    "test_preflight_playbook.py": 52,
+    "test_cluster.py": 52,
+    "test_lifecycle.py": 26,
 }
 
 
