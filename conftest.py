@@ -3,9 +3,9 @@
 A worker is handed the next file in collection order, so the longest files go first: the lanes then finish
 together instead of one lane starting a long file last."""
 
-# Seconds per file in the last measured run (`--durations=0` of the sim stage of a clean-clone `make test`, summed per
-# file; approximate, ordering only). Files not listed keep their place after these. pytest-xdist would reorder the files by their
-# number of tests: tools/test.sh passes --no-loadscope-reorder so that this order holds.
+# Seconds per file in the last measured run (`--durations=0` of the sim stage of a clean-clone `make test`, summed
+# per file; approximate, ordering only). Files not listed keep their place after these. pytest-xdist would reorder
+# the files by their number of tests: tools/test.sh passes --no-loadscope-reorder so that this order holds.
 FILE_SECONDS = {
     "test_weights_playbook.py": 814,
     "test_site_playbook.py": 525,
