@@ -87,8 +87,11 @@ def render():
             "recipe does not set it itself.", "",
             "| Row | Changes | To | Applies to | Why | Source |", "|---|---|---|---|---|---|"]
     for row in recipes.deviations():
-        what = ("flag `%s`" % row["flag"]) if "flag" in row else ("env `%s`" % row["env"])
-        if row.get("remove"):
+        what = ("flag `%s`" % row["flag"]) if "flag" in row else ("env `%s`" % row["env"]) if "env" in row else \
+            ("container `%s`" % row["container"])
+        if "container" in row:
+            to = "the serve role's value"
+        elif row.get("remove"):
             to = "removed"
         elif "merge" in row:
             to = "adds %s" % json.dumps(row["merge"])

@@ -161,6 +161,8 @@ def serve_containers(plan, hostvars, tier, model, options):
                                                  "kv_cache_dtype") if spec.get(k) not in (None, "")),
             "recipe_diff": recipes.compare(recipe_spec, recipe_env, spec, env, reasons),
         }, "proxy": None}
+        engine = out[host]["engine"]
+        engine["recipe_diff"] += recipes.container_diff(recipe, engine, [options["model_dir"], tokenizer_dir])
     for name, instance in sorted(plan["instances"].items()):
         proxy = instance.get("proxy")
         if not proxy:
@@ -267,7 +269,7 @@ def recipe_diff_lines(containers):
         rows = engine["recipe_diff"]
         out.append("%s: recipe %s%s" % (host, engine["recipe"], "" if rows else ", exactly"))
         for r in rows:
-            name = r["key"] if r["kind"] == "flag" else "env " + r["key"]
+            name = "env " + r["key"] if r["kind"] == "env" else r["key"]
             out.append("  %s: %s -> %s (%s)" % (name, r["recipe"], r["runs"], r["why"] or "NOT EXPLAINED"))
     return out
 

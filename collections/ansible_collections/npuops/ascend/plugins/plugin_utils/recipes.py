@@ -203,7 +203,7 @@ def apply_deviations(recipe, role, entry, values, spec, env, rows=None):
     that changed something."""
     applied = []
     for row in rows if rows is not None else deviations():
-        if not applies(row, recipe, role, entry):
+        if "container" in row or not applies(row, recipe, role, entry):
             continue
         target, key = (spec, row["flag"]) if "flag" in row else (env, row["env"])
         if row.get("if_absent") and key in target:
@@ -263,4 +263,29 @@ def compare(recipe_spec, recipe_env, spec, env, reasons):
                         else (a.get(key) if key in a else "(absent)"),
                         "runs": _show(key, b.get(key)) if kind == "flag" else (b.get(key) if key in b else "(absent)"),
                         "why": reasons.get((kind, key))})
+    return out
+
+
+def container_diff(recipe, runs, model_dirs, rows=None):
+    """What differs between the recipe's container (its source's docker run: shm size, privileged, read-only mounts
+    besides the model) and the one the host runs (``runs``: shm_size, privileged, mounts as src:dst:mode), each with
+    the reason of the deviation row of that container setting, or None. A recipe without a container publishes none."""
+    published = recipe.get("container") or {}
+    why = dict((r["container"], "deviation " + r["id"]) for r in (rows if rows is not None else deviations())
+               if "container" in r)
+    out = []
+    if "shm_size" in published and str(published["shm_size"]) != str(runs.get("shm_size")):
+        out.append({"kind": "container", "key": "--shm-size", "recipe": str(published["shm_size"]),
+                    "runs": str(runs.get("shm_size")), "why": why.get("shm_size")})
+    if "privileged" in published and bool(published["privileged"]) != bool(runs.get("privileged")):
+        out.append({"kind": "container", "key": "--privileged", "recipe": str(bool(published["privileged"])).lower(),
+                    "runs": str(bool(runs.get("privileged"))).lower(), "why": why.get("privileged")})
+    if "mounts" in published:
+        want = set(m.rstrip("/") for m in published["mounts"]) | set(model_dirs)
+        have = set(m.split(":", 1)[0].rstrip("/") for m in runs.get("mounts") or [])
+        for path in sorted(want | have):
+            if (path in want) != (path in have):
+                out.append({"kind": "container", "key": "mount " + path,
+                            "recipe": path if path in want else "(absent)", "runs": path if path in have else "(absent)",
+                            "why": why.get("mounts")})
     return out

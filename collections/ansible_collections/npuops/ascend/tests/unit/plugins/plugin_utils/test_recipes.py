@@ -114,6 +114,10 @@ def test_every_recipe_runs_as_published_but_the_rows_of_the_deviations_table(nam
         for diff in engine["recipe_diff"]:
             assert diff["why"] and diff["why"].startswith("deviation "), (host, diff)
             row = rows[diff["why"].split(" ", 1)[1]]
+            if diff["kind"] == "container":
+                assert diff["key"].split(" ")[0] in {"shm_size": "--shm-size", "privileged": "--privileged",
+                                                     "mounts": "mount"}[row["container"]]
+                continue
             assert diff["key"] == (row.get("env") or recipes.vllm_cli.FLAGS.get(row["flag"], (row["flag"],))[0])
             seen.add(diff["why"])
     assert "deviation listen_on_the_node_address" in seen or name == "gpuworks_kimi_k3_1_pro_2node_a3"
@@ -124,8 +128,9 @@ def test_the_deviations_table_gives_every_row_a_reason_and_a_source():
     assert len(ids) == len(set(ids))
     for row in recipes.deviations():
         assert row.get("reason") and row.get("source"), row["id"]
-        assert ("flag" in row) != ("env" in row), row["id"]
-        assert sum(k in row for k in ("value", "remove", "merge")) == 1, row["id"]
+        assert sum(k in row for k in ("flag", "env", "container")) == 1, row["id"]
+        # a flag or env row changes something; a container row explains a serve option's difference
+        assert sum(k in row for k in ("value", "remove", "merge")) == (0 if "container" in row else 1), row["id"]
 
 
 def test_an_operator_override_is_named_in_the_difference():
@@ -173,3 +178,17 @@ def test_a_command_is_read_as_vllm_reads_it():
     with pytest.raises(recipes.RecipeError, match=r"the variable \$RPC_PORT has no value"):
         recipes.bind("--data-parallel-rpc-port $RPC_PORT", {"PORT": 1}, "t")
     assert recipes.bind("a ${x} $1 <Y_Z>", {"x": "1", "1": "2", "Y_Z": "3"}, "t") == "a 1 2 3"
+
+
+def test_the_container_differs_from_the_recipes_docker_run_only_where_a_row_says_why():
+    out = plan_containers("4node_dp", "kimi_k3_w4a8")
+    rows = dict((r["key"], r) for r in out["node01"]["engine"]["recipe_diff"] if r["kind"] == "container")
+    # the tutorial's docker run: --shm-size=1g, the whole driver directory, the model root
+    assert rows["--shm-size"] == {"kind": "container", "key": "--shm-size", "recipe": "1g", "runs": "16g",
+                                  "why": "deviation container_shm_size"}
+    assert rows["mount /usr/local/Ascend/driver"]["runs"] == "(absent)"
+    assert rows["mount /etc/hccn.conf"]["recipe"] == "(absent)"
+    assert "mount /data/models/k3" not in rows and "mount /usr/local/dcmi" not in rows
+    # the field report publishes no docker run: nothing to compare
+    two = plan_containers("2node_pp", "kimi_k3_1_pro_w4a8")
+    assert not [r for r in two["node01"]["engine"]["recipe_diff"] if r["kind"] == "container"]
