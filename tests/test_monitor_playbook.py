@@ -83,6 +83,13 @@ def test_site_runs_the_monitor_stage_and_prometheus_scrapes_every_engine_and_exp
     assert [r["value"][1] for r in hbm] == ["65536"]
     assert [r["value"][1] for r in query(cluster, 'machine_npu_nums{host="node02"}')] == ["16"]
     assert [r["value"][1] for r in query(cluster, 'npu_chip_info_link_status{host="node02",id="15"}')] == ["1"]
+    # what each engine's image holds, read on the node from its package metadata (the 2-node tier runs the field
+    # report's image: vLLM 0.23.0 and vllm-ascend 0.23.0 in the simulator's table); one image on both nodes
+    images = wait("the image info of both engines", lambda: (lambda r: r if len(r) == 2 else None)(
+        query(cluster, 'npuops_image_info{container="vllm"}')), 60)
+    assert {(r["metric"]["host"], r["metric"]["vllm"], r["metric"]["vllm_ascend"], r["metric"]["cann"])
+            for r in images} == {("node01", "0.23.0", "0.23.0", "9.1.0"), ("node02", "0.23.0", "0.23.0", "9.1.0")}
+    assert len(set(r["metric"]["image_id"] for r in images)) == 1
 
 
 def test_monitor_again_changes_nothing(cluster):

@@ -13,6 +13,9 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import os
+
+from ansible_collections.npuops.ascend.plugins.module_utils import proc
 
 # Runs inside the image: only the standard library, no import of torch or vLLM (seconds, no device needed).
 SCRIPT = r"""
@@ -64,22 +67,36 @@ def parse_versions(text):
     return dict((k, data.get(k)) for k in PACKAGES)
 
 
-def read(engine, image, timeout):
-    """-> {present, id, digest, versions, error}: `engine` is a container.Engine. Bounded: each call by `timeout`."""
+def read(run, cli, image, timeout):
+    """-> {image, present, id, digest, versions, error}. `run(argv, timeout) -> (rc, stdout, stderr)` (proc.run), `cli`
+    the container CLI's path. Standard library only (the NPU exporter runs it on the nodes); each call bounded by
+    `timeout`."""
+    name = os.path.basename(cli)
     out = {"image": image, "present": False, "id": None, "digest": None, "versions": None, "error": None}
-    rc, stdout, stderr = engine.call(*inspect_argv(engine.name, image), timeout=timeout)
+    argv = [cli] + inspect_argv(name, image)
+    rc, stdout, stderr = run(argv, timeout)
+    if rc == proc.TIMED_OUT:
+        out["error"] = proc.describe(argv, timeout)
+        return out
     if rc != 0:
         text = (stderr or stdout or "").strip()
         if "no such" in text.lower() or "not found" in text.lower() or "unknown" in text.lower():
             return out
-        out["error"] = "%s image inspect %s: %s" % (engine.name, image, text[-300:])
+        out["error"] = "%s image inspect %s: %s" % (name, image, text[-300:])
         return out
-    data = json.loads(stdout)
+    try:
+        data = json.loads(stdout)
+    except ValueError:
+        out["error"] = "%s image inspect %s printed no JSON: %s" % (name, image, (stdout or "").strip()[-300:])
+        return out
     info = data[0] if isinstance(data, list) and data else data if isinstance(data, dict) else {}
     out["present"] = True
     out["id"], out["digest"] = identity(info)
-    rc, stdout, stderr = engine.call("run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c",
-                                     SCRIPT, timeout=timeout)
+    argv = [cli, "run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c", SCRIPT]
+    rc, stdout, stderr = run(argv, timeout)
+    if rc == proc.TIMED_OUT:
+        out["error"] = proc.describe(argv[:8], timeout)
+        return out
     if rc != 0:
         out["error"] = "reading the package versions in %s failed (rc %s): %s" % (
             image, rc, (stderr or stdout or "").strip()[-300:])

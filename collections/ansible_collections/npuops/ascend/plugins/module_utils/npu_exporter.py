@@ -23,9 +23,11 @@ import re
 import threading
 import time
 
-from ansible_collections.npuops.ascend.plugins.module_utils import daemon, hccn, npu_smi, proc
+from ansible_collections.npuops.ascend.plugins.module_utils import daemon, hccn, image_probe, npu_smi, proc
 
 DEFAULT_PORT = 9911
+# reading an image's versions starts a throw-away container of it: once per image id, bounded by this
+IMAGE_READ_TIMEOUT = 60
 INFO = "npu-smi info"
 MAPPING = "npu-smi info -m"
 
@@ -170,12 +172,20 @@ def probe_families(probes):
 NO_SUCH_CONTAINER = re.compile(r"no such (container|object|image or container)", re.I)
 
 
-def container_families(states):
+def container_families(states, images=None):
     running = Family("npuops_container_running", "1 when the service's container runs on this node, 0 when it "
                                                  "exited or is missing (from the container CLI's inspect)")
     for name in sorted(states):
         running.add([("container", name)], states[name])
-    return [running]
+    info = Family("npuops_image_info", "1 per service container: the image it runs and what that image holds (package "
+                                       "metadata of vllm, vllm_ascend, torch_npu and CANN's install info, read once "
+                                       "per image id)")
+    for name, held in sorted((images or {}).items()):
+        versions = held.get("versions") or {}
+        info.add([("container", name), ("image_id", held.get("id") or ""), ("digest", held.get("digest") or ""),
+                  ("vllm", versions.get("vllm") or ""), ("vllm_ascend", versions.get("vllm_ascend") or ""),
+                  ("torch_npu", versions.get("torch_npu") or ""), ("cann", versions.get("cann") or "")], 1)
+    return [running, info]
 
 
 def render(families):
@@ -192,6 +202,8 @@ class Collector(object):
         # so its engine's state reaches Prometheus only from here
         self.containers, self.container_cli = list(containers), container_cli
         self.container_states = {}
+        self.container_images = {}  # container name -> image id
+        self.image_reads = {}  # image id -> image_probe.read()
         self.timeout, self.interval = float(timeout), float(interval)
         self.probes = list(probes)
         self.run = run or proc.run
@@ -294,18 +306,28 @@ class Collector(object):
     def _container(self, name):
         """Whether the container runs (`inspect`, bounded): 1 running, 0 stopped or missing, None when the CLI
         failed (reported as a read error, not as a dead engine)."""
-        argv = [self.container_cli, "inspect", "--format", "{{.State.Running}}", name]
+        argv = [self.container_cli, "inspect", "--format", "{{.State.Running}} {{.Image}}", name]
+        image = {}
 
         def parse(text, rc):
-            word = text.strip().splitlines()[-1].strip().lower() if text.strip() else ""
-            if rc == 0 and word in ("true", "false"):
-                return 1 if word == "true" else 0
+            words = text.strip().splitlines()[-1].split() if text.strip() else []
+            if rc == 0 and words and words[0].lower() in ("true", "false"):
+                image["id"] = words[1] if len(words) > 1 else None
+                return 1 if words[0].lower() == "true" else 0
             if rc != 0 and NO_SUCH_CONTAINER.search(text):
                 return 0
             raise ValueError("%s inspect %s exited %d: %s" % (self.container_cli, name, rc, text.strip()[-200:]))
         value = self._read("container %s" % name, argv, parse)
         with self.lock:
             self.container_states[name] = value
+            if image.get("id"):
+                self.container_images[name] = image["id"]
+            known = image.get("id") in self.image_reads
+        if image.get("id") and not known:
+            held = image_probe.read(self.run, self.container_cli, image["id"], max(self.timeout, IMAGE_READ_TIMEOUT))
+            if held.get("versions"):  # a failed read is tried again next round
+                with self.lock:
+                    self.image_reads[image["id"]] = held
 
     def _probe(self, p):
         t0 = self.clock()
@@ -320,7 +342,8 @@ class Collector(object):
             families += device_families(self.devices)
             families += read_families(self.reads, self.clock())
             families += probe_families(sorted(self.probe_results, key=lambda r: r["name"]))
-            families += container_families(self.container_states)
+            families += container_families(self.container_states, dict(
+                (name, self.image_reads[i]) for name, i in self.container_images.items() if i in self.image_reads))
         return render(families)
 
     def loop(self, stop):
@@ -477,7 +500,7 @@ def sources():
     import inspect
     from ansible_collections.npuops.ascend.plugins.module_utils import workers
     out = {"npuops-npu-exporter": LAUNCHER}
-    for mod in (daemon, npu_smi, hccn, proc, workers):
+    for mod in (daemon, npu_smi, hccn, image_probe, proc, workers):
         out["%s/%s.py" % (PACKAGE, mod.__name__.rsplit(".", 1)[-1])] = inspect.getsource(mod)
     out["%s/npu_exporter.py" % PACKAGE] = inspect.getsource(inspect.getmodule(sources))
     return out

@@ -339,12 +339,8 @@ def main():
         for c in result["service"]:
             service_pids.update(c["pids"])
     if p["image"] and p["container_engine"] and module.get_bin_path(p["container_engine"]):
-        engine = container.Engine(module.get_bin_path(p["container_engine"]), timeout=p["command_timeout"])
-        try:
-            result["image"] = image_probe.read(engine, p["image"], p["command_timeout"])
-        except (container.ContainerError, ValueError) as e:
-            result["image"] = {"image": p["image"], "present": None, "id": None, "digest": None, "versions": None,
-                               "error": str(e)}
+        result["image"] = image_probe.read(proc.run, module.get_bin_path(p["container_engine"]), p["image"],
+                                           p["command_timeout"])
     service_pids.update(host.pid_file_tree(p["service_pid_files"]))
     result["service_pids"] = sorted(service_pids)
     problems += host.check_binaries(p["binaries"])

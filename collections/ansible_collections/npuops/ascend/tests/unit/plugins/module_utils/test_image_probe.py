@@ -9,16 +9,16 @@ import json
 import subprocess
 import sys
 
-from ansible_collections.npuops.ascend.plugins.module_utils import container, image_probe
+from ansible_collections.npuops.ascend.plugins.module_utils import image_probe, proc
 
 
-def engine(answers, name="podman"):
+def engine(answers):
     calls = []
 
-    def run(argv, timeout, data=None):
+    def run(argv, timeout):
         calls.append((argv, timeout))
         return answers[len(calls) - 1]
-    return container.Engine("/usr/bin/" + name, run=run), calls
+    return run, calls
 
 
 def test_the_script_reads_package_metadata_and_the_cann_info_with_the_standard_library(tmp_path):
@@ -38,7 +38,7 @@ def test_read_inspects_then_runs_the_script_without_network_or_entrypoint():
     inspect = json.dumps([{"Id": "abc", "RepoDigests": ["quay.io/ascend/vllm-ascend@sha256:" + "1" * 64]}])
     versions = json.dumps({"vllm": "0.23.0", "vllm_ascend": "0.23.0", "torch_npu": "x", "torch": "y", "cann": "9.1.0"})
     eng, calls = engine([(0, inspect, ""), (0, "some warning\n" + versions + "\n", "")])
-    out = image_probe.read(eng, "quay.io/ascend/vllm-ascend:kimi-k3-a3", 20)
+    out = image_probe.read(eng, "/usr/bin/podman", "quay.io/ascend/vllm-ascend:kimi-k3-a3", 20)
     assert out["present"] and out["id"] == "abc" and out["digest"] == "sha256:" + "1" * 64
     assert out["versions"]["vllm"] == "0.23.0" and out["error"] is None
     assert calls[0][0] == ["/usr/bin/podman", "image", "inspect", "quay.io/ascend/vllm-ascend:kimi-k3-a3"]
@@ -50,7 +50,10 @@ def test_read_inspects_then_runs_the_script_without_network_or_entrypoint():
 def test_an_image_not_pulled_yet_is_not_present_and_a_failed_run_is_an_error():
     eng, _calls = engine([(125, "", "Error: no such image: x")])
     absent = {"image": "x", "present": False, "id": None, "digest": None, "versions": None, "error": None}
-    assert image_probe.read(eng, "x", 5) == absent
+    assert image_probe.read(eng, "/usr/bin/docker", "x", 5) == absent
     eng, _calls = engine([(0, json.dumps([{"Id": "i"}]), ""), (127, "", "exec: python3: not found")])
-    out = image_probe.read(eng, "x", 5)
+    out = image_probe.read(eng, "/usr/bin/docker", "x", 5)
     assert out["present"] and out["versions"] is None and "python3: not found" in out["error"]
+    eng, calls = engine([(proc.TIMED_OUT, "", "")])
+    assert image_probe.read(eng, "/usr/bin/isula", "x", 5)["error"] == "/usr/bin/isula inspect x did not answer within 5s"
+    assert calls[0][0] == ["/usr/bin/isula", "inspect", "x"]

@@ -3,6 +3,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
 import os
 import sys
 import threading
@@ -193,8 +194,9 @@ def test_install_writes_a_runnable_exporter_once(tmp_path):
     import subprocess
     d = str(tmp_path / "exp")
     changed = npu_exporter.install(d)
+    mods = ("daemon", "hccn", "image_probe", "npu_exporter", "npu_smi", "proc", "workers")
     assert sorted(changed) == ["ansible_collections/npuops/ascend/plugins/module_utils/%s.py" % m
-                               for m in ("daemon", "hccn", "npu_exporter", "npu_smi", "proc", "workers")] + ["npuops-npu-exporter"]
+                               for m in mods] + ["npuops-npu-exporter"]
     assert npu_exporter.install(d) == []
     assert npu_exporter.install(d, files={"npuops-npu-exporter": "changed\n"}, check_mode=True) == ["npuops-npu-exporter"]
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable  # no ansible there
@@ -241,12 +243,20 @@ def test_connections_are_bounded_in_time_backlog_and_error_log():
 
 
 def test_the_service_containers_are_reported_running_stopped_or_missing():
-    answers = {"vllm": (0, "true\n", ""), "vllm-pd-proxy": (0, "false\n", ""),
+    answers = {"vllm": (0, "true abc123\n", ""), "vllm-pd-proxy": (0, "false def456\n", ""),
                "gone": (125, "", "Error: no such container gone\n"), "wedged": (1, "", "cannot connect to podman\n")}
+    held = {"vllm": "0.23.0", "vllm_ascend": "0.23.0", "torch_npu": "2.10.0.post4", "torch": "2.10.0", "cann": "9.1.0"}
+    image_runs = []
 
     def run(argv, timeout):
+        if argv[0] == "/usr/bin/podman" and argv[1:3] == ["image", "inspect"]:
+            return 0, json.dumps([{"Id": argv[3], "RepoDigests": ["q/v@sha256:" + argv[3]]}]), ""
+        if argv[0] == "/usr/bin/podman" and argv[1] == "run":
+            image_runs.append(argv[7])
+            assert argv[2:7] == ["--rm", "--network", "none", "--entrypoint", "python3"] and timeout >= 60
+            return (0, json.dumps(held), "") if argv[7] == "abc123" else (1, "", "exec failed")
         if argv[0] == "/usr/bin/podman":
-            assert argv[1:4] == ["inspect", "--format", "{{.State.Running}}"]
+            assert argv[1:4] == ["inspect", "--format", "{{.State.Running}} {{.Image}}"]
             return answers[argv[4]]
         return 1, "", "no such tool"
     c = npu_exporter.Collector("npu-smi", "hccn_tool", run=run, containers=list(answers),
@@ -258,6 +268,12 @@ def test_the_service_containers_are_reported_running_stopped_or_missing():
     assert sample(body, 'npuops_container_running{container="gone"}') == "0"
     assert 'npuops_container_running{container="wedged"}' not in body  # the CLI failed: a read error, not a dead one
     assert sample(body, 'npuops_npu_exporter_read_error{source="container wedged"}') == "1"
+    # what the running image holds, read once per image id; an image whose versions could not be read is not shown
+    assert sample(body, 'npuops_image_info{container="vllm",image_id="abc123",digest="sha256:abc123",vllm="0.23.0",'
+                        'vllm_ascend="0.23.0",torch_npu="2.10.0.post4",cann="9.1.0"}') == "1"
+    assert 'npuops_image_info{container="vllm-pd-proxy"' not in body
+    c.refresh()
+    assert image_runs.count("abc123") == 1 and image_runs.count("def456") == 2  # a failed read is tried again
     argv = npu_exporter.command_line("/usr/bin/python3", "/opt/e", "10.0.0.11", 9911, "npu-smi", "hccn_tool", 5, 10,
                                      containers=["vllm"], container_cli="/usr/bin/podman")
     assert argv[-4:] == ["--container-cli", "/usr/bin/podman", "--container", "vllm"]
