@@ -18,6 +18,10 @@ def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
          "-e", "plan_output=%s" % out])
     plan = json.loads(out.read_text())
     assert len(plan["hosts"]) == hosts and plan["endpoint"] == endpoint
+    # what each host runs is its recipe plus only rows of the deviations table (the example inventories override
+    # nothing)
+    for host, entry in plan["hosts"].items():
+        assert entry["recipe"] and all((d["why"] or "").startswith("deviation ") for d in entry["recipe_diff"]), host
     leaders = [h for h, e in plan["hosts"].items() if e["role"] == "leader"]
     assert len(leaders) == (2 if inventory in ("a3-8p8d", "a3-8node-ha") else 1)
     if inventory == "a3-8node-ha":
