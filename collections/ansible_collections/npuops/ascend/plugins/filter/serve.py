@@ -59,7 +59,7 @@ def plan_values(entry, ports, hostvars, host, model, options, dies):
     }
 
 
-def engine_command(entry, recipe, values, model, overrides, vllm_overrides, env_overrides):
+def engine_command(entry, recipe, values, model, overrides, vllm_overrides, env_overrides, rows):
     """-> (spec, env, recipe_spec, recipe_env, reasons): the recipe's role bound to the plan's values, the deviation
     rows that apply, then the operator's overrides (npuops_model_overrides, npuops_vllm_overrides,
     npuops_env_overrides), each difference with where it comes from."""
@@ -67,7 +67,7 @@ def engine_command(entry, recipe, values, model, overrides, vllm_overrides, env_
     recipe_spec, recipe_env = recipes.render(recipe, role, values)
     spec, env = copy.deepcopy(recipe_spec), dict(recipe_env)
     reasons = {}
-    for row in recipes.apply_deviations(recipe, role, entry, values, spec, env):
+    for row in recipes.apply_deviations(recipe, role, entry, values, spec, env, rows):
         reasons[("flag", row["flag"]) if "flag" in row else ("env", row["env"])] = "deviation " + row["id"]
     for key in sorted(overrides or {}):
         if key in vllm_cli.FLAGS and model.get(key) is not None:
@@ -123,6 +123,7 @@ def serve_containers(plan, hostvars, tier, model, options):
     privileged = values.to_bool(options.get("privileged", False))
     recipe = options["recipe"]
     tokenizer_dir = options.get("tokenizer_dir") or options["model_dir"]
+    rows = recipes.deviations()  # read once for every host
     out = {}
     for host, entry in sorted(plan["hosts"].items()):
         instance = plan["instances"][entry["instance"]]
@@ -130,7 +131,8 @@ def serve_containers(plan, hostvars, tier, model, options):
         try:
             spec, env, recipe_spec, recipe_env, reasons = engine_command(
                 entry, recipe, plan_vals, model, options.get("model_overrides"),
-                hostvar(hostvars, host, "npuops_vllm_overrides", {}), hostvar(hostvars, host, "npuops_env_overrides"))
+                hostvar(hostvars, host, "npuops_vllm_overrides", {}), hostvar(hostvars, host, "npuops_env_overrides"),
+                rows)
             argv = vllm_cli.render(spec)
         except (vllm_cli.VllmCliError, recipes.RecipeError, RenderError) as e:
             raise AnsibleFilterError("serve_containers: host %s: %s" % (host, e))
@@ -162,7 +164,7 @@ def serve_containers(plan, hostvars, tier, model, options):
             "recipe_diff": recipes.compare(recipe_spec, recipe_env, spec, env, reasons),
         }, "proxy": None}
         engine = out[host]["engine"]
-        engine["recipe_diff"] += recipes.container_diff(recipe, engine, [options["model_dir"], tokenizer_dir])
+        engine["recipe_diff"] += recipes.container_diff(recipe, engine, [options["model_dir"], tokenizer_dir], rows)
     for name, instance in sorted(plan["instances"].items()):
         proxy = instance.get("proxy")
         if not proxy:

@@ -46,10 +46,14 @@ def deviations():
     return catalog.load("deviations")["deviations"]
 
 
-def default_for(tier, model):
+def all_recipes():
+    """{name: recipe document} of every data/recipes/*.yml."""
+    return dict((name, catalog.load("recipes/" + name)) for name in names())
+
+
+def default_for(tier, model, docs=None):
     """The recipe a tier + model preset gets when the inventory names none, or None."""
-    for name in names():
-        doc = load(name)
+    for name, doc in sorted((docs if docs is not None else all_recipes()).items()):
         if doc.get("default") and doc["tier"] == tier and model in (doc.get("models") or []):
             return name
     return None
@@ -58,16 +62,19 @@ def default_for(tier, model):
 def choose(name, tier, model):
     """The recipe document the inventory chooses (``npuops_recipe``), or the tier + preset's default; an error that
     says what to do when there is none or it does not fit."""
+    docs = all_recipes()
     if not name:
-        name = default_for(tier, model)
+        name = default_for(tier, model, docs)
         if name is None:
             raise RecipeError("no recipe is the default for tier %s with model preset %s; set npuops_recipe to one of "
-                              "%s (docs/recipes.md)" % (tier, model, ", ".join(names())))
-    doc = load(name)
+                              "%s (docs/recipes.md)" % (tier, model, ", ".join(sorted(docs))))
+    if name not in docs:
+        raise RecipeError("recipe %r is not one of %s (data/recipes)" % (name, ", ".join(sorted(docs))))
+    doc = docs[name]
     if doc["tier"] != tier:
         raise RecipeError("npuops_recipe %s is a recipe for tier %s, the inventory's tier is %s; use one of %s"
                           % (name, doc["tier"], tier,
-                             ", ".join(n for n in names() if load(n)["tier"] == tier) or "none"))
+                             ", ".join(n for n, d in sorted(docs.items()) if d["tier"] == tier) or "none"))
     return doc
 
 

@@ -60,6 +60,22 @@ def image_versions(image, data=None):
             "min_cann": None}
 
 
+def with_registrations(caps, registers):
+    """Add what vllm-ascend registers ({capability: [names]}) to vLLM's capability lists, in place."""
+    for field, names in (registers or {}).items():
+        caps[field] = list(caps.get(field) or []) + [n for n in names if n not in (caps.get(field) or [])]
+    return caps
+
+
+def missing(needs, caps):
+    """(field, capability, flag, value) of every need (PRESET_FIELDS) that the capability lists `caps` lack."""
+    for field, capability, flag in PRESET_FIELDS:
+        value = (needs or {}).get(field)
+        if value in (None, "") or (field == "kv_cache_dtype" and value == "auto") or value in (caps.get(capability) or []):
+            continue
+        yield field, capability, flag, value
+
+
 def line_versions(line, data=None, tag=None):
     """image_versions() of one line of the table."""
     data = data if data is not None else table()
@@ -67,8 +83,7 @@ def line_versions(line, data=None, tag=None):
     out.update((data.get("vllm") or {}).get(out["vllm"]) or {})
     # what vllm-ascend registers on top of vLLM in this image serves as well as vLLM's own
     registers = line.get("vllm_ascend_registers") or {}
-    for field, names in registers.items():
-        out[field] = list(out.get(field) or []) + [n for n in names if n not in (out.get(field) or [])]
+    with_registrations(out, registers)
     out["vllm_ascend_registers"] = dict(registers)
     proxy = (data.get("proxy") or {}).get(str(line.get("proxy"))) or {}
     out.update(proxy_routes=proxy.get("routes") or [], proxy_prefill_error=proxy.get("prefill_error"),
@@ -112,13 +127,8 @@ def capability_problems(preset, info, image, where, data=None):
     """preset_problems() against one line_versions() / image_versions() result."""
     data = data if data is not None else table()
     problems = []
-    for field, capability, flag in PRESET_FIELDS:
-        value = (preset or {}).get(field)
-        if value in (None, "") or (field == "kv_cache_dtype" and value == "auto"):
-            continue
+    for field, capability, flag, value in missing(preset, info):
         have = info.get(capability) or []
-        if value in have:
-            continue
         fix = "use an image that has it (%s)" % ", ".join(images_with(capability, value, data)) \
             if images_with(capability, value, data) else "no image in the table has it"
         if field == "kv_cache_dtype" and str(value) == "int8":
@@ -141,8 +151,7 @@ def held_capabilities(held, image, data=None):
     known = bool(caps)
     info = image_versions(image, data)
     if info["known"] and vllm_version == info["vllm"] and str((held or {}).get("vllm_ascend")) == info["vllm_ascend"]:
-        for field, names in (info.get("vllm_ascend_registers") or {}).items():
-            caps[field] = list(caps.get(field) or []) + [n for n in names if n not in (caps.get(field) or [])]
+        with_registrations(caps, info.get("vllm_ascend_registers"))
     return caps, known
 
 
@@ -161,10 +170,7 @@ def held_problems(needs, held, image, where, data=None):
         return [], ["%s holds %s (read from the image), and data/images.yml has no entry for vLLM %s, so what %s needs "
                     "was not checked" % (image, held_text(held), (held or {}).get("vllm"), where)]
     errors = []
-    for field, capability, flag in PRESET_FIELDS:
-        value = (needs or {}).get(field)
-        if value in (None, "") or (field == "kv_cache_dtype" and value == "auto") or value in (caps.get(capability) or []):
-            continue
+    for _field, capability, flag, value in missing(needs, caps):
         having = ", ".join(images_with(capability, value, data)) or "none in the table"
         errors.append("%s holds %s (read from the image): %s needs %s %s, which neither its vLLM nor its vllm-ascend "
                       "has; use an image that has it (%s)" % (image, held_text(held), where, flag, value, having))
