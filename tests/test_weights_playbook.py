@@ -615,3 +615,41 @@ def test_the_seed_stage_downloads_checks_the_publisher_and_fans_out(cluster, tmp
     finally:
         os.kill(listing_pid, signal.SIGTERM)
         os.unlink(seed + "/usr/local/bin/hf")
+
+
+TOKENIZER = "/srv/tokenizers/kimi-k3"
+
+
+def test_a_tokenizer_directory_outside_the_model_is_copied_and_verified_after_the_weights(cluster):
+    """The tutorial's --tokenizer "$TOKENIZER_PATH" names a directory of its own: only the seed holds it; the stage
+    copies it along the same chain with the same checks, repairs a changed file, and names the variable when the
+    seed lacks it."""
+    complete_everywhere(cluster)
+    seed_dir = cluster.api.root_of("node01") + TOKENIZER
+    os.makedirs(seed_dir, exist_ok=True)
+    files = {"tokenizer_config.json": b'{"tokenizer_class": "TikTokenTokenizer"}\n',
+             "tiktoken.model": os.urandom(300 * 1024), "chat_template.jinja": b"{{ messages }}\n"}
+    for name, data in files.items():
+        with open(os.path.join(seed_dir, name), "wb") as f:
+            f.write(data)
+    first = playbook(cluster, "-e", "npuops_tokenizer_dir=" + TOKENIZER)
+    for node in ("node02", "node03", "node04"):
+        assert re.search(r"%s: 3/3 files, .* \(done\)" % node, first.stdout), first.stdout[-3000:]
+        root = cluster.api.root_of(node) + TOKENIZER
+        for name, data in files.items():
+            with open(os.path.join(root, name), "rb") as f:
+                assert f.read() == data, (node, name)
+    assert "node04: 9/9 files" not in first.stdout  # the weights were complete: only the tokenizer moved
+    with open(cluster.api.root_of("node03") + TOKENIZER + "/tiktoken.model", "r+b") as f:
+        f.seek(1000)
+        f.write(b"\xff" if files["tiktoken.model"][1000:1001] != b"\xff" else b"\x00")
+    repaired = playbook(cluster, "-e", "npuops_tokenizer_dir=" + TOKENIZER)  # its mtime changed: re-checked
+    assert re.search(r"node03: 3/3 files, .* \(done\)", repaired.stdout), repaired.stdout[-3000:]
+    with open(cluster.api.root_of("node03") + TOKENIZER + "/tiktoken.model", "rb") as f:
+        assert f.read() == files["tiktoken.model"]
+    assert servers_running(cluster) == []
+    missing = playbook(cluster, "-e", "npuops_tokenizer_dir=/srv/tokenizers/absent", check=False)
+    assert missing.returncode != 0
+    assert "npuops_tokenizer_dir = /srv/tokenizers/absent does not exist on this node" in missing.stdout, \
+        missing.stdout[-3000:]
+    assert "node01" in missing.stdout

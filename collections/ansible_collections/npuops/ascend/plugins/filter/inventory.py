@@ -26,7 +26,7 @@ from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import host
 ENGINES = ("docker", "podman", "isula")
 INSTANCE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 # the same on every node of the whole inventory, and the same within each instance
-CLUSTER_WIDE = ("npuops_tier", "npuops_model", "npuops_model_dir", "npuops_container_engine")
+CLUSTER_WIDE = ("npuops_tier", "npuops_model", "npuops_model_dir", "npuops_tokenizer_dir", "npuops_container_engine")
 PER_INSTANCE = ("npuops_image",)
 
 
@@ -185,6 +185,10 @@ def validate(groups, hostvars, presets, tiers=None):
     if not isinstance(model_dir, str) or not model_dir.startswith("/"):
         problems.append("npuops_model_dir = %r must be an absolute path on the nodes, e.g. /data/models/Kimi-K3-W4A8"
                         % (model_dir,))
+    tokenizer_dir = hostvar(hostvars, first, "npuops_tokenizer_dir") or ""
+    if not isinstance(tokenizer_dir, str) or (tokenizer_dir and not tokenizer_dir.startswith("/")):
+        problems.append("npuops_tokenizer_dir = %r must be an absolute path on the nodes (e.g. "
+                        "/data/models/Kimi-K3-tokenizer) or empty for the model directory" % (tokenizer_dir,))
     for h in nodes:
         image = hostvar(hostvars, h, "npuops_image")
         if not isinstance(image, str) or not image.strip() or " " in image:

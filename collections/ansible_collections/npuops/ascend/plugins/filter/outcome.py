@@ -59,9 +59,12 @@ def images_of(preflight):
 
 
 def _weights(w):
-    return {"seed": w.get("seed"), "total_bytes": int(w.get("total_bytes") or 0),
-            "files": len(w.get("files") or []) if isinstance(w.get("files"), list) else w.get("files"),
-            "copied_to": list(w.get("receivers") or [])}
+    out = {"seed": w.get("seed"), "total_bytes": int(w.get("total_bytes") or 0),
+           "files": len(w.get("files") or []) if isinstance(w.get("files"), list) else w.get("files"),
+           "copied_to": list(w.get("receivers") or [])}
+    if w.get("tokenizer"):  # the tokenizer directory, copied after the weights when it lies outside them
+        out["tokenizer"] = dict(_weights(w["tokenizer"]), dir=w["tokenizer"].get("dir"), seed=w.get("seed"))
+    return out
 
 
 # each stage's part of the outcome, from what its role left (None: the stage did not run - skipped by tag, or after

@@ -18,7 +18,7 @@ import copy
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter.topology import DEFAULT_INSTANCE
-from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
+from ansible_collections.npuops.ascend.plugins.module_utils import manifest, vllm_cli
 from ansible_collections.npuops.ascend.plugins.plugin_utils import board, recipes, values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
@@ -123,6 +123,8 @@ def serve_containers(plan, hostvars, tier, model, options):
     privileged = values.to_bool(options.get("privileged", False))
     recipe = options["recipe"]
     tokenizer_dir = options.get("tokenizer_dir") or options["model_dir"]
+    # the weights stage copies the tokenizer directory when it lies outside the model directory: mounted as well
+    weight_dirs = [path for _part, path in manifest.directories(options["model_dir"], tokenizer_dir)]
     rows = recipes.deviations()  # read once for every host
     out = {}
     for host, entry in sorted(plan["hosts"].items()):
@@ -146,8 +148,7 @@ def serve_containers(plan, hostvars, tier, model, options):
             "command": argv,
             "env": env,
             "devices": ["/dev/davinci%d" % int(d) for d in devices] + MGMT_DEVICES,
-            "mounts": ["%s:%s:ro" % (m, m) for m in HOST_MOUNTS + [options["model_dir"]] +
-                       ([tokenizer_dir] if tokenizer_dir != options["model_dir"] else [])],
+            "mounts": ["%s:%s:ro" % (m, m) for m in HOST_MOUNTS + weight_dirs],
             "shm_size": options.get("shm_size", "16g"),
             "privileged": privileged,
             "labels": labels(entry, tier),
@@ -164,7 +165,7 @@ def serve_containers(plan, hostvars, tier, model, options):
             "recipe_diff": recipes.compare(recipe_spec, recipe_env, spec, env, reasons),
         }, "proxy": None}
         engine = out[host]["engine"]
-        engine["recipe_diff"] += recipes.container_diff(recipe, engine, [options["model_dir"], tokenizer_dir], rows)
+        engine["recipe_diff"] += recipes.container_diff(recipe, engine, weight_dirs, rows)
     for name, instance in sorted(plan["instances"].items()):
         proxy = instance.get("proxy")
         if not proxy:

@@ -143,10 +143,16 @@ def weights_hub_env(source, token="", endpoint=""):
         raise AnsibleFilterError(str(e))
 
 
+def weights_directories(model_dir, tokenizer_dir=""):
+    """[{part, dir}]: the model directory, then the tokenizer directory when it lies outside it."""
+    return [{"part": part, "dir": path} for part, path in mf.directories(model_dir, tokenizer_dir)]
+
+
 class FilterModule(object):
     def filters(self):
         return {"weights_stray": weights_stray, "weights_chain": weights_chain, "weights_sources": weights_sources,
                 "weights_servers": weights_servers,
                 "weights_summary": weights_summary, "weights_copy_projection": weights_copy_projection,
                 "publisher_manifest": publisher_manifest, "weights_download_argv": weights_download_argv,
-                "weights_listing_url": weights_listing_url, "weights_hub_env": weights_hub_env}
+                "weights_listing_url": weights_listing_url, "weights_hub_env": weights_hub_env,
+                "weights_directories": weights_directories}

@@ -18,6 +18,7 @@ __metaclass__ = type
 import hashlib
 import json
 import os
+import posixpath
 import struct
 import threading
 import time
@@ -34,6 +35,18 @@ PARTIAL = (".part", PROGRESS_SUFFIX, PROGRESS_SUFFIX + ".tmp")
 
 class ManifestError(Exception):
     pass
+
+
+def directories(model_dir, tokenizer_dir=""):
+    """[(part, path)] a node must hold: the model directory, and the tokenizer directory (vLLM's --tokenizer) when it
+    is neither that directory nor inside it."""
+    model = posixpath.normpath(model_dir)
+    out = [("model", model)]
+    if tokenizer_dir:
+        tokenizer = posixpath.normpath(tokenizer_dir)
+        if tokenizer != model and not tokenizer.startswith(model.rstrip("/") + "/"):
+            out.append(("tokenizer", tokenizer))
+    return out
 
 
 def walk(root):

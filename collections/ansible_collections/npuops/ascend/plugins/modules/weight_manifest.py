@@ -25,9 +25,13 @@ author:
   - npuops maintainers (@npuops)
 options:
   path:
-    description: The model directory.
+    description: The model directory (or the tokenizer directory, copied the same way).
     type: path
     required: true
+  setting:
+    description: The inventory variable that names O(path), for the message when it does not exist.
+    type: str
+    default: npuops_model_dir
   manifest:
     description: Where to record the manifest. Default C(<path>/.npuops/manifest.json).
     type: path
@@ -130,6 +134,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path", required=True),
+            setting=dict(type="str", default="npuops_model_dir"),
             manifest=dict(type="path"),
             publisher_manifest=dict(type="raw"),
             fail_on_mismatch=dict(type="bool", default=True),
@@ -142,8 +147,8 @@ def main():
     p = module.params
     root = p["path"]
     if not os.path.isdir(root):
-        module.fail_json(msg="the model directory %s does not exist on this node: download the weights there first, "
-                             "or fix npuops_model_dir" % root)
+        module.fail_json(msg="%s = %s does not exist on this node: put the files there first (the other nodes get "
+                             "them from this one), or fix %s" % (p["setting"], root, p["setting"]))
     path = p["manifest"] or manifest_path(root)
     publisher = p["publisher_manifest"]
     if isinstance(publisher, str) and publisher:

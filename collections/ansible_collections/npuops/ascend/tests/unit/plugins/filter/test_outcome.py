@@ -51,3 +51,15 @@ def test_the_stage_gate_filter_reads_the_step_from_one_mapping():
     got = outcome.stage_gate(hv, {"hosts": ["a", "b"], "key": "r", "stage": "The weights stage", "step": "copying",
                                   "undone": "stopped"})
     assert got == {"hosts": ["a"], "message": "The weights stage failed (copying) on 1 host(s); stopped:\n- a: boom"}
+
+
+def test_the_weights_outcome_reports_the_tokenizer_copy_apart():
+    plan = {"endpoint": "http://10.0.0.1:8000", "tier": "4node_dp", "hosts": {"a": {}, "b": {}}, "instances": {}}
+    report = {"seed": "a", "run_id": "r1", "files": [{"path": "m.safetensors"}], "total_bytes": 1000,
+              "receivers": [], "tokenizer": {"dir": "/data/tok", "files": [{"path": "t.json"}, {"path": "t.model"}],
+                                             "total_bytes": "30", "receivers": ["b"], "nodes": {}}}
+    got = outcome.rollout_outcome(plan, {}, {"weights": report})["weights"]
+    assert got == {"seed": "a", "total_bytes": 1000, "files": 1, "copied_to": [],
+                   "tokenizer": {"seed": "a", "dir": "/data/tok", "total_bytes": 30, "files": 2, "copied_to": ["b"]}}
+    del report["tokenizer"]
+    assert "tokenizer" not in outcome.rollout_outcome(plan, {}, {"weights": report})["weights"]

@@ -8,7 +8,7 @@ import json
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.npuops.ascend.plugins.filter import serve, topology
+from ansible_collections.npuops.ascend.plugins.filter import serve, topology, weights
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered, tier_spec
 
 
@@ -55,6 +55,24 @@ def test_4node_dp_env_devices_and_mounts():
     assert len(c["devices"]) == 19
     assert "/etc/hccn.conf:/etc/hccn.conf:ro" in c["mounts"] and "/data/models/k3:/data/models/k3:ro" in c["mounts"]
     assert c["shm_size"] == "16g"
+
+
+@pytest.mark.parametrize("tokenizer_dir, mounted", [
+    ("/data/tokenizers/k3", True),      # apart: copied by the weights stage and mounted
+    ("/data/models/k3/tokenizer", False),  # inside the model directory: its mount covers it
+    ("/data/models/k3/", False),        # the model directory itself
+    ("/data/models/k3-tok", True),      # a sibling whose name starts like it is apart
+])
+def test_the_tokenizer_directory_is_mounted_only_when_it_lies_outside_the_model(tokenizer_dir, mounted):
+    tier, model, opts = rendered("4node_dp", "kimi_k3_w4a8")
+    groups, hv = inventory(4)
+    plan = topology.plan_topology(groups, hv, tier)
+    c = serve.serve_containers(plan, hv, tier, model, dict(opts, tokenizer_dir=tokenizer_dir))["node02"]["engine"]
+    assert flag(c["command"], "--tokenizer") == tokenizer_dir  # the tutorial's --tokenizer "$TOKENIZER_PATH"
+    tokenizer_mounts = [m for m in c["mounts"] if m.startswith("/data/") and m != "/data/models/k3:/data/models/k3:ro"]
+    assert tokenizer_mounts == (["%s:%s:ro" % (tokenizer_dir, tokenizer_dir)] if mounted else [])
+    assert weights.weights_directories("/data/models/k3", tokenizer_dir) == (
+        [{"part": "model", "dir": "/data/models/k3"}] + ([{"part": "tokenizer", "dir": tokenizer_dir}] if mounted else []))
 
 
 def test_8p8d_kv_transfer_and_proxy():
