@@ -43,6 +43,14 @@ def test_a_healthy_service_is_healthy_and_exits_0(cluster, tmp_path):
     assert status["healthy"] is True and status["state"] == "healthy"
     assert status["instances"]["main"]["state"] == "healthy"
     assert status["instances"]["main"]["hosts"] == ["node01", "node02"]
+    # what the running engines' image holds, read on the nodes (the sim's image carries the package metadata of the
+    # versions it emulates): the 2-node recipe's kimi-k3.1-pro-a3 is vLLM / vllm-ascend 0.23.0 on CANN 9.1.0
+    image = status["instances"]["main"]["image"]
+    ids = set(cluster.ssh(h, "podman inspect --format '{{.Image}}' vllm").stdout.strip() for h in ("node01", "node02"))
+    assert len(ids) == 1 and ids.pop() in (image["id"] or "") and status["instances"]["main"]["image_problems"] == []
+    assert image["versions"]["vllm"] == "0.23.0" and image["versions"]["cann"] == "9.1.0", image
+    assert re.search(r"main: healthy \(node01, node02\) - a token in .*?\s\[vLLM 0\.23\.0, vllm-ascend 0\.23\.0, "
+                     r"torch_npu [^,]+, CANN 9\.1\.0; (sha256:)?[0-9a-f]{12,}\]", out, re.S), out[-3000:]
 
 
 @pytest.mark.parametrize("fault,node,expect", [

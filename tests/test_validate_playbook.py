@@ -43,6 +43,13 @@ def test_bench_yml_writes_a_report_that_adds_up(cluster, tmp_path):
     planned = sum(p["npuops"]["planned"]["requests"] for p in points)
     assert planned > 0 and sum(1 for _line in open(os.path.join(report_dir, "requests.jsonl"))) == planned
     assert all(p["completed"] == p["npuops"]["planned"]["requests"] and p["failed"] == 0 for p in points)
+    # without preflight in the run, the report still records what the engines run: read from the running image
+    meta = json.load(open(os.path.join(report_dir, "meta.json")))
+    assert meta["recipe"] == "gpuworks_kimi_k3_1_pro_2node_a3" and sorted(meta["images"]) == ["node01", "node02"]
+    for host, held in meta["images"].items():
+        running = cluster.ssh(host, "podman inspect --format '{{.Image}}' vllm").stdout.strip()
+        assert running and running in held["id"] and held["image"].endswith(":kimi-k3.1-pro-a3"), (host, held)
+        assert held["versions"]["vllm"] == "0.23.0" and held["versions"]["cann"] == "9.1.0", (host, held)
 
 
 def test_garbage_from_a_2node_service_fails_the_chat_check(cluster):

@@ -9,6 +9,7 @@ through each engine and the commands each received compared.
 """
 import json
 import os
+import subprocess
 import sys
 
 CALLS = "/run/npuops-sim"
@@ -37,19 +38,16 @@ def main(argv):
             if "--type" in argv:
                 sys.stderr.write("isula inspect: unknown flag: --type\n")
                 return 125
-            argv = ["inspect", "--type", "container"] + argv[1:]
-            pid = os.fork()
-            if pid == 0:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, 2)
-                os.execv(PODMAN, [PODMAN] + argv)
-            _pid, status = os.waitpid(pid, 0)
-            if os.WEXITSTATUS(status) != 0:
-                # iSulad: isulad_set_error_message("No such image or container or accelerator:%s", id)
-                sys.stderr.write("Error response from daemon: No such image or container or accelerator:%s\n"
-                                 % argv[-1])
-                return 1
-            return 0
+            # iSulad's inspect takes a container or an image (isula inspect CONTAINER|IMAGE)
+            for kind in ("container", "image"):
+                found = subprocess.run([PODMAN, "inspect", "--type", kind] + argv[1:], stdout=subprocess.PIPE,
+                                       stderr=subprocess.DEVNULL, timeout=120, check=False)
+                if found.returncode == 0:
+                    sys.stdout.write(found.stdout.decode())
+                    return 0
+            # iSulad: isulad_set_error_message("No such image or container or accelerator:%s", id)
+            sys.stderr.write("Error response from daemon: No such image or container or accelerator:%s\n" % argv[-1])
+            return 1
         if argv[:1] == ["logs"] and "--since" in argv:
             sys.stderr.write("isula logs: unknown flag: --since\n")
             return 125

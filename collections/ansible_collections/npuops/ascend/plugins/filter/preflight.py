@@ -221,18 +221,13 @@ def image_rows(hosts_results, plan, containers):
                 rows.append(row(host, "image_versions", msg, "the versions its tag says", "pin the image's digest in "
                                 "npuops_image (repository:tag@sha256:...)", severity="warning"))
     for name, inst in sorted(((plan or {}).get("instances") or {}).items()):
-        ids = [(h, held[h].get("digest") or held[h].get("id")) for h in inst.get("hosts") or []
-               if h in held and held[h].get("present")]
-        if len(set(i for _h, i in ids)) <= 1:
-            continue
-        first_host, first_id = ids[0]
-        for host, ident in ids[1:]:
-            if ident != first_id:
-                rows.append(row(host, "image_digest", "%s runs %s %s, %s runs %s" % (
-                    host, held[host]["image"], ident, first_host, first_id),
-                    "one image on every node of instance %s" % name,
-                    "pull the same image on %s and %s: pin it, npuops_image: repository:tag@sha256:..." % (
-                        first_host, host)))
+        reads = [(h, held[h]) for h in inst.get("hosts") or [] if h in held and held[h].get("present")]
+        for host, ident, first_host, first_id in versions.differing_images(reads):
+            rows.append(row(host, "image_digest", "%s runs %s %s, %s runs %s" % (
+                host, held[host]["image"], ident, first_host, first_id),
+                "one image on every node of instance %s" % name,
+                "pull the same image on %s and %s: pin it, npuops_image: repository:tag@sha256:..." % (
+                    first_host, host)))
     return rows, held
 
 

@@ -14,6 +14,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible_collections.npuops.ascend.plugins.filter import gateway as gateway_config
+from ansible_collections.npuops.ascend.plugins.plugin_utils import versions
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 HEALTHY = "healthy"
@@ -52,6 +53,48 @@ def _container_problem(host, name, result):
                                                          c.get("exit_code"), ("; last log line: " + last[0][:200])
                                                          if last else "")
     return None
+
+
+def running_images(plan, hostvars, containers, key, instance=None):
+    """{host: {image, id, digest, versions, error}}: what each running engine's image holds (vllm_container_info with
+    read_images, registered as `key` on every host), for the engines of `instance` or of every instance."""
+    out = {}
+    for name in sorted(plan["instances"]) if instance is None else [instance]:
+        for host, cname, role in _containers_of(plan, containers, name):
+            result = hostvar(hostvars, host, key)
+            found = ((result if isinstance(result, dict) else {}).get("containers") or {}).get(cname) or {}
+            if role != "proxy" and found.get("image"):
+                read = found["image"]
+                out[host] = dict((k, read.get(k)) for k in ("id", "digest", "versions"))
+                out[host]["image"] = containers[host]["engine"]["image"]
+                if read.get("error"):
+                    out[host]["error"] = read["error"]
+    return out
+
+
+def _images(plan, containers, hostvars, key, instance):
+    """-> {"images": running_images of `instance`, "image": the one they share or None, "image_problems": [nodes whose
+    image differs from the first's]}."""
+    held = running_images(plan, hostvars, containers, key, instance)
+    reads = [(h, held[h]) for h in plan["instances"][instance]["hosts"] if h in held]
+    problems = ["%s runs image %s, %s runs %s: pin one digest in npuops_image (repository:tag@sha256:...) and "
+                "deploy again" % (host, ident, first_host, first_id)
+                for host, ident, first_host, first_id in versions.differing_images(reads)]
+    shared = dict(reads[0][1]) if reads and not problems else None
+    return {"images": held, "image": shared, "image_problems": problems}
+
+
+def _image_text(entry):
+    if entry.get("image_problems"):
+        return "; " + "; ".join(entry["image_problems"])
+    image = entry.get("image") or {}
+    if not image:
+        return ""
+    if image.get("versions"):
+        held = versions.held_text(image["versions"])
+    else:
+        held = "versions not read: %s" % (image.get("error") or "unknown")
+    return " [%s; %s]" % (held, image.get("digest") or image.get("id"))
 
 
 GATEWAY = "gateway"
@@ -133,9 +176,10 @@ def service_status(plan, hostvars, containers, key, probes, gateway_key=None):
             reason = "; ".join([why] + problems)
         out[name] = {"state": state, "reason": reason, "hosts": list(inst["hosts"]), "problems": problems,
                      "endpoint": inst["endpoint"]}
+        out[name].update(_images(plan, containers, hostvars, key, name))
     states = set(v["state"] for v in out.values())
     service = HEALTHY if states == {HEALTHY} else (DOWN if states == {DOWN} else DEGRADED)
-    summary = ["%s: %s (%s) - %s" % (name, v["state"], ", ".join(v["hosts"]), v["reason"])
+    summary = ["%s: %s (%s) - %s%s" % (name, v["state"], ", ".join(v["hosts"]), v["reason"], _image_text(v))
                for name, v in sorted(out.items())]
     gateway = gateway_status(plan, hostvars, gateway_key, probes) if gateway_key else None
     if gateway:
@@ -206,4 +250,4 @@ class FilterModule(object):
     def filters(self):
         return {"service_status": service_status, "status_probe_targets": status_probe_targets,
                 "unhealthy_groups": unhealthy_groups, "gateway_repairs": gateway_repairs,
-                "gateway_rotation": rotation}
+                "gateway_rotation": rotation, "running_images": running_images}

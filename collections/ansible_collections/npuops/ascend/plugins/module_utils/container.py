@@ -260,7 +260,7 @@ class Engine(object):
                 spec = None
         return {"running": bool(st.get("Running")) and not st.get("Paused"), "status": st.get("Status"),
                 "exit_code": st.get("ExitCode"), "started_at": st.get("StartedAt"), "pid": st.get("Pid"),
-                "hash": labels.get(HASH_LABEL), "spec": spec, "id": info.get("Id"),
+                "hash": labels.get(HASH_LABEL), "spec": spec, "id": info.get("Id"), "image_id": info.get("Image"),
                 "labels": dict((k, v) for k, v in labels.items() if k not in (HASH_LABEL, SPEC_LABEL))}
 
     def uses_secret_store(self):
@@ -372,9 +372,10 @@ FOREIGN = ("a container named %s that npuops did not make is here (image %s, %s)
            "rename it, or set npuops_takeover: true to let npuops %s it")
 
 
-def describe_container(engine, name, log_lines=20):
+def describe_container(engine, name, log_lines=20, read_image=None):
     """What status reports of one container: exists, running, status, exit code, start, npuops labels, ours,
-    and (when it does not run) the log lines of its last start."""
+    and (when it does not run) the log lines of its last start. ``read_image(image id)`` (image_probe.read), when
+    given, adds what the image of a running container holds: its digest and package versions."""
     info = engine.inspect(name)
     if not info:
         return {"exists": False, "running": False, "ours": False}
@@ -384,6 +385,8 @@ def describe_container(engine, name, log_lines=20):
            "log": ""}
     if not st["running"]:
         out["log"] = engine.logs(name, tail=log_lines, since=st["started_at"])
+    elif read_image and st["image_id"]:
+        out["image"] = read_image(st["image_id"])
     return out
 
 

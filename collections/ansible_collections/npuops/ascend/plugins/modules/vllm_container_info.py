@@ -36,6 +36,13 @@ options:
     description: Seconds each call of the container CLI may take.
     type: int
     default: 15
+  read_images:
+    description:
+      - Also read, for each running container, what its image holds - the registry digest and the versions of vllm,
+        vllm_ascend, torch_npu, torch and CANN from the package metadata (a throw-away container of the image,
+        C(--network none), no engine started) - once per image id, each call bounded by O(command_timeout).
+    type: bool
+    default: false
 attributes:
   check_mode:
     description: Runs in check mode; it only reads.
@@ -52,6 +59,7 @@ EXAMPLES = r"""
   npuops.ascend.vllm_container_info:
     names: [vllm, vllm-pd-proxy]
     engine: podman
+    read_images: true
   register: containers
 """
 
@@ -62,12 +70,15 @@ containers:
   type: dict
   sample:
     vllm: {exists: true, running: true, status: running, exit_code: 0, started_at: "2026-12-01T09:00:00Z",
-           ours: true, labels: {io.npuops.role: leader}, id: 5f1c..., log: ""}
+           ours: true, labels: {io.npuops.role: leader}, id: 5f1c..., log: "",
+           image: {id: "sha256:9a1f...", digest: "sha256:4c2e...", error: null,
+                   versions: {vllm: 0.23.0, vllm_ascend: 0.23.0, torch_npu: 2.9.0, torch: 2.9.0, cann: 9.1.0}}}
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.npuops.ascend.plugins.module_utils import container as ct
+from ansible_collections.npuops.ascend.plugins.module_utils import image_probe, proc
 
 
 def main():
@@ -77,6 +88,7 @@ def main():
             engine=ct.ENGINE_OPTION,
             log_lines=dict(type="int", default=20),
             command_timeout=dict(type="int", default=15),
+            read_images=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -85,8 +97,16 @@ def main():
     if not cli:
         module.fail_json(msg="%s is not installed on this node" % p["engine"])
     engine = ct.Engine(cli, timeout=p["command_timeout"])
+    reads = {}  # image id -> what it holds: read once however many containers run it
+
+    def read_image(image_id):
+        if image_id not in reads:
+            reads[image_id] = image_probe.read(proc.run, cli, image_id, p["command_timeout"])
+        return dict((k, reads[image_id][k]) for k in ("id", "digest", "versions", "error"))
+
     try:
-        found = dict((name, ct.describe_container(engine, name, p["log_lines"])) for name in p["names"])
+        found = dict((name, ct.describe_container(engine, name, p["log_lines"], read_image if p["read_images"] else None))
+                     for name in p["names"])
     except ct.ContainerError as e:
         module.fail_json(msg=str(e))
     module.exit_json(changed=False, containers=found)

@@ -155,6 +155,13 @@ def held_capabilities(held, image, data=None):
     return caps, known
 
 
+def differing_images(reads):
+    """``reads``: [(host, what image_probe read)] of the nodes of one instance -> [(host, its id, first host, the first
+    id)] for every node whose image (registry digest, else image id) is not the first node's."""
+    ids = [(h, r.get("digest") or r.get("id")) for h, r in reads if r and (r.get("digest") or r.get("id"))]
+    return [(h, ident, ids[0][0], ids[0][1]) for h, ident in ids[1:] if ident != ids[0][1]]
+
+
 def held_text(held):
     return ", ".join("%s %s" % (name, (held or {}).get(key) or "none") for key, name in (
         ("vllm", "vLLM"), ("vllm_ascend", "vllm-ascend"), ("torch_npu", "torch_npu"), ("cann", "CANN")))

@@ -33,6 +33,36 @@ def test_every_container_up_and_a_token_is_healthy():
     assert got["instances"]["main"]["state"] == "healthy" and got["instances"]["main"]["problems"] == []
 
 
+K3_IMAGE = {"id": "sha256:1111", "digest": "sha256:aaaa", "error": None,
+            "versions": {"vllm": "0.23.0", "vllm_ascend": "0.23.0", "torch_npu": "2.9.0", "torch": "2.9.0",
+                         "cann": "9.1.0"}}
+
+
+def test_status_names_the_versions_and_digest_each_instance_runs_and_nodes_that_differ():
+    plan, hv, containers = setup()
+    for h in plan["hosts"]:
+        hv[h]["c"]["containers"]["vllm"]["image"] = dict(K3_IMAGE)
+    got = status.service_status(plan, hv, containers, "c", {"main": probe()})
+    main = got["instances"]["main"]
+    assert main["image"] == {"image": "quay.io/ascend/vllm-ascend:v0.23.0-a3", "id": "sha256:1111",
+                             "digest": "sha256:aaaa", "versions": K3_IMAGE["versions"]}
+    assert sorted(main["images"]) == ["node01", "node02", "node03", "node04"]
+    assert main["image_problems"] == [] and main["state"] == "healthy"
+    assert got["summary"][0].endswith(
+        " [vLLM 0.23.0, vllm-ascend 0.23.0, torch_npu 2.9.0, CANN 9.1.0; sha256:aaaa]"), got["summary"]
+    hv["node03"]["c"]["containers"]["vllm"]["image"] = dict(K3_IMAGE, id="sha256:2222", digest="sha256:bbbb")
+    main = status.service_status(plan, hv, containers, "c", {"main": probe()})["instances"]["main"]
+    assert main["image"] is None and main["image_problems"] == [
+        "node03 runs image sha256:bbbb, node01 runs sha256:aaaa: pin one digest in npuops_image "
+        "(repository:tag@sha256:...) and deploy again"]
+    # an image pulled without a registry digest (built locally) is told apart by its id
+    for h in plan["hosts"]:
+        hv[h]["c"]["containers"]["vllm"]["image"] = dict(K3_IMAGE, digest=None)
+    hv["node02"]["c"]["containers"]["vllm"]["image"] = dict(K3_IMAGE, digest=None, id="sha256:3333")
+    main = status.service_status(plan, hv, containers, "c", {"main": probe()})["instances"]["main"]
+    assert [p.split(",")[0] for p in main["image_problems"]] == ["node02 runs image sha256:3333"]
+
+
 def test_a_wedged_engine_answers_health_but_no_token_and_is_down():
     plan, hv, containers = setup()
     got = status.service_status(plan, hv, containers, "c", {"main": probe(ok=False)})

@@ -308,3 +308,18 @@ def test_an_optional_mount_is_left_out_only_where_its_source_is_missing(tmp_path
                     "/etc/required.conf:/etc/required.conf:ro"]
     assert missing == ["/etc/absent.conf"]
     assert ct.present_mounts(mounts, []) == (mounts, [])
+
+
+def test_status_reads_the_image_of_a_running_container_only(tmp_path):
+    """describe_container hands the running container's image id (inspect's Image) to read_image, so what status
+    reports is the image the engine runs, not the one the inventory names."""
+    eng, cli = engine()
+    converge(eng, tmp_path)
+    cli.containers["vllm"]["Image"] = "sha256:9a1f"
+    asked = []
+    got = ct.describe_container(eng, "vllm", read_image=lambda i: asked.append(i) or {"id": i, "digest": "sha256:4c2e"})
+    assert asked == ["sha256:9a1f"] and got["image"] == {"id": "sha256:9a1f", "digest": "sha256:4c2e"}
+    assert "image" not in ct.describe_container(eng, "vllm")  # not asked for: nothing read
+    cli.containers["vllm"]["State"]["Running"] = False
+    got = ct.describe_container(eng, "vllm", read_image=asked.append)
+    assert "image" not in got and asked == ["sha256:9a1f"] and got["log"] == "line1\nline2"
