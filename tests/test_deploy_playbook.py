@@ -144,6 +144,9 @@ def test_a_worker_killed_while_the_leader_waits_ends_every_wait_within_60s(clust
     assert "The deployment failed (the engines coming up) on 1 host(s); " in out, out[-3000:]
     assert re.search(r"node03: vllm: container vllm exited with code", out), out[-3000:]
     assert "stopped waiting for vllm: node03 failed" in out
+    # before the engines stop, diagnose reads every node: the rank that went first is node03's, killed
+    assert re.search(r"1\. other - first on node03 at .*\n.*evidence: .*container vllm exited with exit code\s+137", out), \
+        out[out.find("Diagnosis"):][:3000]
     assert all(" running " not in s for s in started(cluster).values()), started(cluster)
 
 

@@ -75,6 +75,8 @@ def test_a_fault_is_named_within_60s_and_recover_brings_the_instance_back(cluste
     assert status["healthy"] is False and main["state"] in ("down", "degraded"), main
     assert re.search(expect, main["reason"]), main["reason"]
     assert "The service is %s" % status["state"] in out
+    if main["state"] == "down":  # diagnose read the logs of the nodes that answer
+        assert "Diagnosis (most likely first):" in out, out[-3000:]
 
     rc, took, _status, out = polled(cluster, tmp_path, "recover")
     assert rc == 0, out[-4000:]

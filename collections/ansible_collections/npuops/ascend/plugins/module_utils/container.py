@@ -352,11 +352,14 @@ class Engine(object):
             for k in secrets:
                 self.call("secret", "rm", secret_name(name, k))
 
-    def logs(self, name, tail=40, since=None):
-        """The last lines of the container's log; with `since` (its StartedAt) only this run's lines."""
+    def logs(self, name, tail=40, since=None, timestamps=False):
+        """The last lines of the container's log; with `since` (its StartedAt) only this run's lines; `timestamps`
+        prefixes each line with the time the engine wrote it (RFC 3339, every engine's -t)."""
         args = ["logs", "--tail", str(tail)]
         if since and self.name != "isula":
             args += ["--since", since]
+        if timestamps:
+            args.append("--timestamps")
         rc, out, err = self.call(*(args + [name]))
         return (out + err).strip()
 

@@ -111,6 +111,89 @@ def check_network():
             die("RuntimeError: [Gloo] %s=%s does not own HCCL_IF_IP=%s; connectFullMesh failed" % (var, nic, ip))
 
 
+HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
+HCCL_DEVICE_PORT = 16666  # the port HCCL's device NICs listen on for the links between ranks
+# CANN's EI0006 (error code reference, "Getting socket times out") as torch_npu raises it from createHCCLComm
+EI0006 = ("EI0006: [PID: %d] %s Getting socket times out. Reason: 1. The remote does not initiate a connect request. "
+          "some NPUs in the cluster are abnormal. 2. The remote does not initiate a connect request because the "
+          "collective communication operator is started too late or is not started by some NPU in the cluster. 3. The "
+          "communication link is disconnected. (For example, the IP addresses are not on the same network segment or "
+          "the TLS configurations are inconsistent.)")
+
+
+def hccl_facts(local_world):
+    """What HCCL reads of this node's devices when it builds a communicator across nodes: each device's link and TLS
+    switch (hccn_tool) and its IP (/etc/hccn.conf)."""
+    facts = {"links": {}, "tls": {}, "ips": []}
+    ips = {}
+    try:
+        with open(HCCN_CONF) as f:
+            for line in f:
+                m = re.match(r"\s*address_(\d+)\s*=\s*(\S+)", line)
+                if m:
+                    ips[int(m.group(1))] = m.group(2)
+    except OSError:
+        pass
+    mapping = npu_map()
+    visible = os.environ.get(VISIBLE)
+    logic = [int(x) for x in visible.split(",") if x.strip()] if visible else list(range(local_world))
+    for phy in [mapping.get(i, i) for i in logic[:local_world]]:
+        for item, key in (("link", "links"), ("tls", "tls")):
+            try:
+                out = subprocess.run([HCCN_TOOL, "-i", str(phy), "-" + item, "-g"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, timeout=10).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            m = re.search(r"link status\s*:\s*(\S+)" if item == "link" else r"tls switch\[(\d+)\]", out)
+            if m:
+                facts[key][str(phy)] = m.group(1)
+        if phy in ips:
+            facts["ips"].append(ips[phy])
+    return facts
+
+
+def reachable(ip, timeout=1.0):
+    """A device IP answers on the fabric (a refused connection is an answer; a prohibited route or silence is not)."""
+    try:
+        socket.create_connection((ip, HCCL_DEVICE_PORT), timeout=timeout).close()
+        return True
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+def hccl_problems(facts_by_peer, leader_ip):
+    """What keeps the ranks of a group from building their communicator: a device link down, TLS switches that differ,
+    a peer's device IPs the leader cannot reach. -> [text]."""
+    problems = []
+    for peer, facts in sorted(facts_by_peer.items()):
+        down = sorted(int(d) for d, state in (facts.get("links") or {}).items() if state != "UP")
+        if down:
+            problems.append("the device NIC of NPU %s on %s is down" % (",".join(map(str, down)), peer))
+    switches = set(v for facts in facts_by_peer.values() for v in (facts.get("tls") or {}).values())
+    if len(switches) > 1:
+        problems.append("the devices' TLS switches differ")
+    for peer, facts in sorted(facts_by_peer.items()):
+        if peer != leader_ip and facts.get("ips") and not reachable(facts["ips"][0]):
+            problems.append("%s cannot reach %s's device IP %s" % (leader_ip, peer, facts["ips"][0]))
+    return problems
+
+
+def hccl_fail_later(problems, rank):
+    """The ranks wait for each other until HCCL_CONNECT_TIMEOUT (CANN's default 120 s), then torch_npu raises EI0006."""
+    timeout = float(os.environ.get("HCCL_CONNECT_TIMEOUT", "120"))
+
+    def fail():
+        time.sleep(timeout)
+        # what broke (`problems`) is not in the log, as on real servers: diagnose must tell it from the nodes' facts
+        log("ERROR", "[HCCL] (RankID:%s) topo exchange with the group's other ranks did not complete within "
+            "HCCL_CONNECT_TIMEOUT=%ds" % (rank, timeout))
+        die("RuntimeError: createHCCLComm: HCCL function error: HcclCommInitRootInfoConfig(numRanks, &rootInfo, rank, "
+            "config, &(comm->hcclComm_)), error code is 7\n" + EI0006 % (os.getpid(), time.strftime("%Y-%m-%d-%H:%M:%S")))
+    threading.Thread(target=fail, daemon=True).start()
+
+
 def check_parsers(args):
     """validate_api_server_args (vllm/entrypoints/openai/api_server.py): parser names are checked against the
     registries of this vLLM when the API server is set up, not by argparse."""
@@ -188,6 +271,8 @@ class Group(object):
         self.complete = threading.Event()
         self.members = []
         self.broken = []  # peers that joined without /etc/hccn.conf
+        self.hccl = {}  # peer -> hccl_facts() it sent; the leader's own under its address
+        self.address = None
         self.step_lock = threading.Lock()
         self.steps = 0
         if not self.expected:
@@ -214,6 +299,7 @@ class Group(object):
                         % (timeout, m.ranks, m.peer))
 
     def listen(self, address, port):
+        self.address = address
         try:
             srv = socket.socket()
             srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -265,11 +351,17 @@ class Group(object):
                 self.members.append(member)
                 log("INFO", "%s rank(s) %s joined from %s (%d/%d)" % (self.kind, ranks, peer, len(self.joined),
                                                                       len(self.expected)))
+                if hello.get("hccl"):
+                    self.hccl[peer] = hello["hccl"]
                 if set(self.joined) == self.expected:
-                    self.complete.set()
+                    problems = hccl_problems(self.hccl, self.address) if self.hccl else []
+                    if problems:
+                        hccl_fail_later(problems, 0)
+                    else:
+                        self.complete.set()
                     for m in self.members:
                         try:
-                            m.send({"complete": True})
+                            m.send({"hccl_error": problems, "rank": m.ranks[0]} if problems else {"complete": True})
                         except OSError:
                             pass
         if err:
@@ -278,7 +370,7 @@ class Group(object):
             f.flush()
             conn.close()
             return
-        member.send({"ok": True, "complete": self.complete.is_set()})
+        member.send({"ok": True, "complete": self.complete.is_set(), "hccl_error": None})
         # a member answers the steps the leader sends, asks for steps of its own (an external-DP rank serving a
         # request), and going away is an engine core that died: vLLM's leader fails with it
         while True:
@@ -307,7 +399,7 @@ class Group(object):
             pass
 
 
-def join(address, port, ranks, signature, timeout, hccn_conf=True):
+def join(address, port, ranks, signature, timeout, hccn_conf=True, hccl=None):
     """The member side: dial the leader until it answers (or the engine-ready timeout passes)."""
     deadline = time.time() + timeout
     last = None
@@ -323,12 +415,14 @@ def join(address, port, ranks, signature, timeout, hccn_conf=True):
             % (max(1, timeout // 60), address, port, last))
     conn.settimeout(None)
     f = conn.makefile("rw")
-    f.write(json.dumps({"ranks": ranks, "signature": signature, "hccn_conf": hccn_conf}) + "\n")
+    f.write(json.dumps({"ranks": ranks, "signature": signature, "hccn_conf": hccn_conf, "hccl": hccl}) + "\n")
     f.flush()
     answer = json.loads(f.readline() or "{}")
     if answer.get("error"):
         die("RuntimeError: the leader at %s:%d refused this engine: %s" % (address, port, answer["error"]))
     log("INFO", "joined the leader at %s:%d as rank(s) %s" % (address, port, ranks))
+    if answer.get("hccl_error"):  # the group completed with this rank, and cannot build its communicator
+        hccl_fail_later(answer["hccl_error"], answer.get("rank"))
     return conn, f, answer.get("complete", False)
 
 
@@ -355,6 +449,8 @@ class Follower(object):
             if not line:
                 die("EngineDeadError: the leader closed the connection")
             msg = json.loads(line)
+            if msg.get("hccl_error"):
+                hccl_fail_later(msg["hccl_error"], msg.get("rank"))
             if msg.get("complete"):
                 self.complete.set()
             if "step" in msg:
@@ -449,14 +545,17 @@ def run(args):
     group = None
     follower = None
     host_ip = os.environ.get("VLLM_HOST_IP") or args.host or "0.0.0.0"
+    facts = hccl_facts(local_world) if multi_node and not garbage else None
     if args.nnodes > 1:
         if args.node_rank == 0:
             group = Group("node", range(1, args.nnodes), signature)
             group.listen(args.master_addr, args.master_port)
+            if facts:
+                group.hccl[args.master_addr] = facts
             complete = group.complete
         else:
             conn, f, done = join(args.master_addr, args.master_port, [args.node_rank], signature, ready_timeout,
-                                 not garbage)
+                                 not garbage, facts)
             if done:
                 complete.set()
             follower = follow(conn, f, complete)
@@ -471,13 +570,15 @@ def run(args):
         if leader:
             group = Group("dp", set(range(dp)) - set(ranks), signature)
             group.listen(args.data_parallel_address, args.data_parallel_rpc_port)
+            if facts:
+                group.hccl[args.data_parallel_address] = facts
             complete = group.complete
         else:
             if start == 0 and args.data_parallel_address:
                 die("RuntimeError: DP rank 0 must run on --data-parallel-address %s, which is not an address of "
                     "this node" % args.data_parallel_address)
             conn, f, done = join(args.data_parallel_address, args.data_parallel_rpc_port, ranks, signature,
-                                 ready_timeout, not garbage)
+                                 ready_timeout, not garbage, facts)
             if done:
                 complete.set()
             follower = follow(conn, f, complete)

@@ -1,0 +1,66 @@
+# -*- coding: utf-8 -*-
+# Copyright: npuops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""diagnose_findings: what every host's diagnose_collect read -> the causes, ordered by likelihood, with the hosts,
+ranks, evidence and fix (plugins/module_utils/diagnose.py does the matching; data/diagnose/signatures.yml)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.npuops.ascend.plugins.module_utils import diagnose
+from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
+
+_SIGNATURES = []
+
+
+def signatures():
+    if not _SIGNATURES:
+        try:
+            _SIGNATURES.extend(diagnose.load_signatures())
+        except diagnose.DiagnoseError as e:
+            raise AnsibleFilterError("diagnose: %s" % e)
+    return _SIGNATURES
+
+
+def diagnose_findings(hostvars, hosts, key, limit=10):
+    """-> {findings: [{cause, fix, evidence, host, rank, time, hosts, signature, reference}], offsets: {host: s},
+    unread: [host: why], lines: [what to print]}."""
+    collected, unread = {}, []
+    for h in hosts:
+        r = hostvar(hostvars, h, key)
+        if not isinstance(r, dict) or r.get("skipped"):
+            continue
+        if r.get("unreachable") or r.get("failed"):
+            unread.append("%s: %s" % (h, (r.get("msg") or "no answer").splitlines()[0][:200]))
+            continue
+        collected[h] = r
+        unread.extend("%s: %s" % (h, e) for e in r.get("errors") or [])
+    findings, offsets = diagnose.diagnose_hosts(collected, signatures(), limit)
+    for f in findings:
+        f.pop("weight", None)
+    lines = []
+    for i, f in enumerate(findings, 1):
+        where = f["host"] or "?"
+        if f["rank"]:
+            where += " rank %s" % f["rank"]
+        others = [h for h in f["hosts"] if h != f["host"]]
+        lines.append("%d. %s - first on %s at %s%s" % (i, f["cause"], where, f["time"] or "?",
+                                                       (" (also %s)" % ", ".join(others)) if others else ""))
+        lines.append("   evidence: %s" % f["evidence"][:300])
+        lines.append("   fix: %s" % f["fix"])
+    if not findings:
+        lines.append("no known signature in the logs of %s; read them with playbooks/logs.yml" % ", ".join(
+            sorted(collected)) if collected else "nothing could be read")
+    skewed = sorted("%s %+.1fs" % (h, o) for h, o in offsets.items() if abs(o) >= 1.0)
+    if skewed:
+        lines.append("clock offsets allowed for: %s" % ", ".join(skewed))
+    lines.extend("not read: %s" % u for u in unread)
+    return {"findings": findings, "offsets": offsets, "unread": unread, "lines": lines}
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"diagnose_findings": diagnose_findings}

@@ -1,0 +1,251 @@
+# -*- coding: utf-8 -*-
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from ansible_collections.npuops.ascend.plugins.module_utils import diagnose
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = os.path.join(HERE, "fixtures", "diagnose")
+REPO = os.path.abspath(os.path.join(HERE, *[".."] * 8))
+
+
+@pytest.fixture(scope="module")
+def signatures():
+    return diagnose.load_signatures()
+
+
+def cases():
+    out = []
+    for manifest in sorted(glob.glob(os.path.join(CORPUS, "cases_*.yml"))):
+        with open(manifest) as f:
+            out.extend(yaml.safe_load(f) or [])
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the real excerpts
+
+def test_the_real_excerpts_are_enough_and_cited():
+    """Each excerpt is copied from a public vLLM / vLLM-Ascend issue whose thread established the cause."""
+    found = cases()
+    assert len(found) >= 30, len(found)
+    for case in found:
+        assert case["source"].startswith("https://github.com/"), case
+        assert case["cause"] in diagnose.CAUSES, case
+        with open(os.path.join(CORPUS, case["file"]), errors="replace") as f:
+            assert case["evidence"] in f.read(), case["file"]
+
+
+def test_top_cause_is_right_for_at_least_90_percent_of_the_real_excerpts(signatures):
+    found = cases()
+    wrong = []
+    for case in found:
+        with open(os.path.join(CORPUS, case["file"]), errors="replace") as f:
+            findings = diagnose.analyze(diagnose.lines_of(f.read(), source=case["file"]), signatures)
+        top = findings[0]["cause"] if findings else None
+        if top != case["cause"]:
+            wrong.append("%s: %s, expected %s" % (case["file"], top, case["cause"]))
+    assert len(wrong) <= len(found) // 10, "\n".join(wrong)
+
+
+def test_the_command_line_prints_the_findings_as_json(tmp_path):
+    log = tmp_path / "node03.log"
+    log.write_text("INFO 12-05 01:02:03 [core.py:61] Initializing a V1 LLM engine\n"
+                   "(EngineCore_DP2 pid=7) ERROR 12-05 01:02:09 [core.py:700] RuntimeError: [enforce fail at "
+                   "gloo/transport/tcp/device.cc:84] ifa != nullptr. Unable to find interface for: [enp189s0f9]\n"
+                   "ERROR 12-05 01:02:10 [core_client.py:1] Engine core initialization failed. See root cause above.\n")
+    proc = subprocess.run([sys.executable, "-m", "ansible_collections.npuops.ascend.plugins.module_utils.diagnose",
+                           str(log)], cwd=REPO, env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "collections")),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert [f["cause"] for f in out] == ["nic_or_ip_wrong", "other"]
+    assert set(out[0]) == {"cause", "fix", "evidence", "host", "rank", "time"}
+    assert out[0]["rank"] == "DP2" and out[0]["time"].endswith("01:02:09.000Z") and "npuops_nic" in out[0]["fix"]
+    assert "Unable to find interface for: [enp189s0f9]" in out[0]["evidence"]
+
+
+# ------------------------------------------------------------------------------------------ the signatures
+
+def test_at_least_40_signatures_each_with_a_cause_a_fix_and_a_source(signatures):
+    assert len(signatures) >= 40
+    assert {s["cause"] for s in signatures} >= set(diagnose.CAUSES) - {"other"}
+    for s in signatures:
+        assert s["fix"].strip() and s["source"].strip() and s["patterns"], s["id"]
+
+
+def test_a_malformed_signature_is_named():
+    with pytest.raises(diagnose.DiagnoseError, match="signature x: cause 'nope' is not one of"):
+        diagnose.compile_signatures([{"id": "x", "cause": "nope", "patterns": ["a"], "fix": "f", "source": "s"}])
+    with pytest.raises(diagnose.DiagnoseError, match="signature y: "):
+        diagnose.compile_signatures([{"id": "y", "cause": "other", "patterns": ["("], "fix": "f", "source": "s"}])
+    with pytest.raises(diagnose.DiagnoseError, match="signature z has no fix"):
+        diagnose.compile_signatures([{"id": "z", "cause": "other", "patterns": ["a"], "source": "s"}])
+
+
+# ------------------------------------------------------------------------------------------ lines
+
+@pytest.mark.parametrize("line, expected", [
+    ("2026-12-05T01:02:03.250000000Z INFO x", "2026-12-05T01:02:03.250Z"),
+    ("2026-12-05T09:02:03+08:00 x", "2026-12-05T01:02:03.000Z"),
+    ("[ERROR] HCCL(4242,python3):2026-12-05-01:02:03.123.456 [socket.cc:1] x", "2026-12-05T01:02:03.123Z"),
+    ("(EngineCore_DP0 pid=1) ERROR 12-05 01:02:03 [core.py:1] x", "2026-12-05T01:02:03.000Z"),
+    ("[Sat Dec  5 01:02:03 2026] davinci3: heartbeat lost", "2026-12-05T01:02:03.000Z"),
+    ("2026-12-05 01:02:03,500 - root - ERROR - x", "2026-12-05T01:02:03.500Z"),
+    ("no time at all", None),
+])
+def test_every_time_format_of_the_stack_is_read(line, expected):
+    assert diagnose.iso(diagnose.parse_time(line, year=2026)) == expected
+
+
+@pytest.mark.parametrize("line, rank", [
+    ("(EngineCore_DP3 pid=9) ERROR x", "DP3"),
+    ("(Worker_TP5 pid=9) ERROR x", "TP5"),
+    ("(VllmWorker rank=7 pid=1) ERROR x", "7"),
+    ("[ERROR] HCCL ... rankId[12] connect failed", "12"),
+    ("DP rank 2 failed", "2"),
+    ("nothing", None),
+])
+def test_the_rank_a_line_shows(line, rank):
+    assert diagnose.parse_rank(line) == rank
+
+
+def test_a_line_without_a_time_takes_the_last_one_and_offsets_are_taken_off():
+    lines = diagnose.lines_of("2026-12-05T01:00:10Z a\ncontinued traceback\n", host="n", offset=4.0)
+    assert [diagnose.iso(x["time"]) for x in lines] == ["2026-12-05T01:00:06.000Z"] * 2
+
+
+# ------------------------------------------------------------------------------------------ across nodes
+
+def collected(clock, text, **facts):
+    return {"clock": clock, "sources": [{"source": "container vllm", "text": text}],
+            "facts": dict({"env": {}, "addresses": {}, "tls": {}, "links": {}}, **facts)}
+
+
+def test_the_rank_that_failed_first_is_found_with_the_clocks_allowed_for(signatures):
+    """node02's clock runs 30 s ahead: its EI0006 at 01:00:35 by its clock is 01:00:05 in truth, before node01's
+    at 01:00:20 - so node02 failed first, though its line reads later."""
+    got, offsets = diagnose.diagnose_hosts({
+        "node01": collected(1000.0, "2026-12-05T01:00:20Z (EngineCore_DP0 pid=1) ERROR EI0006: Getting socket times "
+                                    "out. Reason: 1. The remote does not initiate a connect request."),
+        "node02": collected(1030.0, "2026-12-05T01:00:35Z (EngineCore_DP1 pid=1) ERROR EI0006: Getting socket times "
+                                    "out. Reason: 1. The remote does not initiate a connect request."),
+        "node03": collected(1000.5, "2026-12-05T01:00:01Z INFO all fine"),
+    }, signatures)
+    assert offsets == {"node01": -0.5, "node02": 29.5, "node03": 0.0}
+    assert got[0]["cause"] == "hccl_connect_timeout" and got[0]["host"] == "node02" and got[0]["rank"] == "DP1"
+    assert got[0]["hosts"] == ["node02", "node01"] and got[0]["time"] == "2026-12-05T01:00:05.500Z"
+
+
+def test_a_consequence_never_outranks_its_cause(signatures):
+    got, _o = diagnose.diagnose_hosts({
+        "node01": collected(0, "2026-12-05T01:00:00Z ERROR EngineDeadError: rank went away\n"),
+        "node02": collected(0, "2026-12-05T01:00:09Z ERROR OSError: [Errno 98] Address already in use "
+                               "(addr='tcp://10.0.0.11:13389')\n")}, signatures)
+    assert [f["cause"] for f in got] == ["port_in_use", "other"] and got[0]["host"] == "node02"
+
+
+EI0006 = "2026-12-05T01:00:20Z ERROR EI0006: Getting socket times out. Reason: 3. The communication link is disconnected."
+
+
+def test_an_ei0006_from_tls_switches_that_differ_is_a_tls_mismatch(signatures):
+    got, _o = diagnose.diagnose_hosts({
+        "node01": collected(0, EI0006, tls={"0": 0, "1": 0}),
+        "node02": collected(0, EI0006, tls={"0": 0, "1": 1})}, signatures)
+    assert got[0]["cause"] == "tls_mismatch"
+    assert "node02 tls 0,1" in got[0]["fix"] and "node01 tls 0,0" in got[0]["fix"]
+
+
+def test_an_ei0006_from_an_interface_that_does_not_own_the_address_is_a_nic_problem(signatures):
+    got, _o = diagnose.diagnose_hosts({
+        "node01": collected(0, EI0006, tls={"0": 0}, addresses={"eth0": ["10.0.0.11"], "eth1": ["10.9.0.11"]},
+                            env={"vllm": {"HCCL_IF_IP": "10.0.0.11", "HCCL_SOCKET_IFNAME": "eth1"}}),
+        "node02": collected(0, EI0006, tls={"0": 0})}, signatures)
+    assert got[0]["cause"] == "nic_or_ip_wrong"
+    assert got[0]["fix"].startswith("node01: HCCL_SOCKET_IFNAME=eth1 does not own HCCL_IF_IP=10.0.0.11")
+
+
+def test_an_ei0006_with_a_device_link_down_names_it_in_the_fix(signatures):
+    got, _o = diagnose.diagnose_hosts({
+        "node01": collected(0, EI0006, tls={"0": 0, "7": 0}, links={"0": "UP", "7": "DOWN"}),
+        "node02": collected(0, EI0006, tls={"0": 0, "7": 0}, links={"0": "UP", "7": "UP"})}, signatures)
+    assert got[0]["cause"] == "hccl_connect_timeout" and got[0]["fix"].startswith("node01: device NIC link down on NPU 7")
+
+
+# ------------------------------------------------------------------------------------------ on a node
+
+class FakeEngine(object):
+    """container.Engine's inspect / state / logs over one exited and one running container."""
+
+    def __init__(self):
+        self.asked = []
+
+    def inspect(self, name):
+        if name == "gone":
+            return None
+        return {"State": {"Running": name == "vllm-pd-proxy", "ExitCode": 137, "StartedAt": "2026-12-05T01:00:00Z",
+                          "FinishedAt": "2026-12-05T01:00:42.5Z"},
+                "Config": {"Env": ["HCCL_IF_IP=10.0.0.12", "HCCL_SOCKET_IFNAME=enp1", "VLLM_API_KEY=secret"],
+                           "Labels": {}}}
+
+    @staticmethod
+    def state(info):
+        from ansible_collections.npuops.ascend.plugins.module_utils import container
+        return container.Engine.state(info)
+
+    def logs(self, name, tail=40, since=None, timestamps=False):
+        self.asked.append((name, tail, since, timestamps))
+        return "2026-12-05T01:00:01Z INFO 12-05 01:00:01 [core.py:1] loading"
+
+
+def fake_run(answers):
+    def run(argv, timeout):
+        assert timeout <= 10
+        for key, answer in answers.items():
+            if key in " ".join(argv):
+                return answer
+        return 1, "", "unknown"
+    return run
+
+
+def test_a_node_gives_its_logs_since_the_start_how_each_container_ended_and_its_facts():
+    eng = FakeEngine()
+    run = fake_run({
+        "dmesg": (0, "[Sat Dec  5 00:10:00 2026] davinci3: old news\n[Sat Dec  5 01:00:40 2026] davinci3: "
+                     "heartbeat lost\n[Sat Dec  5 01:00:41 2026] usb 1-1: unrelated\n", ""),
+        "ip -j -4 addr": (0, '[{"ifname": "enp1", "addr_info": [{"local": "10.0.0.12"}]}]', ""),
+        "-i 0 -tls": (0, "dev_id:0, tls switch[0](0:disable, 1:enable)", ""),
+        "-i 1 -tls": (0, "dev_id:1, tls switch[1](0:disable, 1:enable)", ""),
+        "-link": (0, "link status: UP", "")})
+    got = diagnose.collect(eng, ["vllm", "vllm-pd-proxy", "gone"], run, tail=500, hccn_tool="/x/hccn_tool",
+                           devices=[0, 1], clock=lambda: 1000.0)
+    assert eng.asked == [("vllm", 500, "2026-12-05T01:00:00Z", True), ("vllm-pd-proxy", 500, "2026-12-05T01:00:00Z",
+                                                                        True)]
+    texts = dict((s["source"], s["text"]) for s in got["sources"])
+    assert texts["container vllm"].endswith("2026-12-05T01:00:42.5Z container vllm exited with exit code 137")
+    assert "exited" not in texts["container vllm-pd-proxy"]  # it runs
+    assert texts["dmesg"] == "[Sat Dec  5 01:00:40 2026] davinci3: heartbeat lost"  # since the start, the driver's
+    assert got["facts"]["env"]["vllm"] == {"HCCL_IF_IP": "10.0.0.12", "HCCL_SOCKET_IFNAME": "enp1"}  # no secret
+    assert got["facts"]["tls"] == {"0": 0, "1": 1} and got["facts"]["links"] == {"0": "UP", "1": "UP"}
+    assert got["facts"]["addresses"] == {"enp1": ["10.0.0.12"]} and got["clock"] == 1000.0
+
+
+def test_a_node_stops_reading_when_its_budget_is_spent():
+    now = [0.0]
+
+    def clock():
+        now[0] += 4.0  # every look at the clock costs 4 s here
+        return now[0]
+    got = diagnose.collect(FakeEngine(), [], fake_run({"-link": (0, "link status: UP", "")}), hccn_tool="/x/h",
+                           devices=list(range(16)), budget=20.0, clock=clock)
+    assert len(got["facts"]["links"]) < 16
+    assert "budget spent before reading the devices' TLS and link" in got["errors"]
