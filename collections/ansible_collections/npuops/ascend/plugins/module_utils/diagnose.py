@@ -391,9 +391,9 @@ def main(argv=None):
             sys.stderr.write("diagnose: %s: %s\n" % (path, e))
             return 2
         lines += lines_of(text, host=None, source=path)
-    print(json.dumps(brief(analyze(lines, signatures)), indent=2))
+    sys.stdout.write(json.dumps(brief(analyze(lines, signatures)), indent=2) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -228,8 +228,8 @@ def test_a_node_gives_its_logs_since_the_start_how_each_container_ended_and_its_
         "-link": (0, "link status: UP", "")})
     got = diagnose.collect(eng, ["vllm", "vllm-pd-proxy", "gone"], run, tail=500, hccn_tool="/x/hccn_tool",
                            devices=[0, 1], clock=lambda: 1000.0)
-    assert eng.asked == [("vllm", 500, "2026-12-05T01:00:00Z", True), ("vllm-pd-proxy", 500, "2026-12-05T01:00:00Z",
-                                                                        True)]
+    start = "2026-12-05T01:00:00Z"
+    assert eng.asked == [("vllm", 500, start, True), ("vllm-pd-proxy", 500, start, True)]
     texts = dict((s["source"], s["text"]) for s in got["sources"])
     assert texts["container vllm"].endswith("2026-12-05T01:00:42.5Z container vllm exited with exit code 137")
     assert "exited" not in texts["container vllm-pd-proxy"]  # it runs
