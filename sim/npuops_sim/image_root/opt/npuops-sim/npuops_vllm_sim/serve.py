@@ -121,6 +121,20 @@ EI0006 = ("EI0006: [PID: %d] %s Getting socket times out. Reason: 1. The remote 
           "the TLS configurations are inconsistent.)")
 
 
+# CANN's EI0002 (error code reference, "The wait execution of the Notify register times out"): a collective waited
+# longer than HCCL_EXEC_TIMEOUT for a rank
+EI0002 = ("EI0002: [PID: %d] %s The wait execution of the Notify register times out. Reason: The Notify register has "
+          "not received the Notify record from remote rank [%s]. Possible Cause: 1. An exception occurs during the "
+          "execution on some NPUs in the cluster. As a result, collective communication operation failed. 2. The "
+          "execution speed on some NPU in the cluster is too slow to complete a communication operation within the "
+          "timeout interval. (default 1800s, You can set the interval by using HCCL_EXEC_TIMEOUT.)")
+
+
+def exec_timeout(remote):
+    die("RuntimeError: ACL stream synchronize failed.\n" + EI0002 % (
+        os.getpid(), time.strftime("%Y-%m-%d-%H:%M:%S"), remote))
+
+
 def hccl_facts(local_world):
     """What HCCL reads of this node's devices when it builds a communicator across nodes: each device's link and TLS
     switch (hccn_tool) and its IP (/etc/hccn.conf)."""
@@ -295,8 +309,7 @@ class Group(object):
                 try:
                     m.answers.get(timeout=timeout)
                 except queue.Empty:
-                    die("RuntimeError: [HCCL] collective timed out after %ds waiting for rank(s) %s at %s"
-                        % (timeout, m.ranks, m.peer))
+                    exec_timeout("%s at %s" % (",".join(str(r) for r in m.ranks), m.peer))
 
     def listen(self, address, port):
         self.address = address
@@ -468,7 +481,7 @@ class Follower(object):
             event = self.waiting[n] = threading.Event()
         self.send({"sync": n})
         if not event.wait(timeout):
-            die("RuntimeError: [HCCL] collective timed out after %ds waiting for the group's other ranks" % timeout)
+            exec_timeout("the group's other ranks")
 
 
 def follow(conn, f, complete):
