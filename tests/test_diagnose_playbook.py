@@ -127,11 +127,17 @@ def test_the_fabric_cut_between_two_nodes_is_an_hccl_connect_timeout(cluster, fa
     assert "HCCL_CONNECT_TIMEOUT" in diagnosis[0]["fix"]
 
 
-def test_a_missing_hccn_conf_is_named_by_diagnose_yml_on_the_running_service(cluster, faults):
-    """Without /etc/hccn.conf node02's engine starts and answers garbage (validate catches it); diagnose.yml reads
-    HCCL's warning in its log and names the file."""
+def test_a_missing_hccn_conf_fails_the_deploy_and_diagnose_names_it(cluster, faults, tmp_path):
+    """Without /etc/hccn.conf node02's engine starts and answers garbage (vllm-ascend issues 7711, 4866): /health
+    says up, the deploy's known question does not. The deploy fails and names the file on node02 from HCCL's
+    warning in its log; diagnose.yml, run afterwards on the stopped containers, says the same."""
     faults(2, "hccn_conf_missing")
-    run([BIN + "/ansible-playbook", "-i", cluster.inventory] + DOWNTIME + ["playbooks/deploy.yml"], timeout=600)
-    out = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/diagnose.yml"], timeout=300).stdout
-    assert re.search(r"1\. hccn_conf_missing - first on node02 ", out), out[-3000:]
-    assert "mount /etc/hccn.conf read-only" in out
+    took, out, diagnosis = failed_deploy(cluster, tmp_path)
+    assert "the engines answering right" in out and "wrong answer" in out, out[-4000:]
+    assert causes(diagnosis)[0] == ("hccn_conf_missing", "node02"), (causes(diagnosis), out[-4000:])
+    assert "'device ip' is not set correctly" in diagnosis[0]["evidence"]
+    assert "mount /etc/hccn.conf read-only" in diagnosis[0]["fix"]
+    assert took < 120, took
+    assert all(state != "running" for state in running(cluster).values()), running(cluster)
+    later = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/diagnose.yml"], timeout=300).stdout
+    assert re.search(r"1\. hccn_conf_missing - first on node02 ", later), later[-3000:]

@@ -30,8 +30,12 @@ On every host of the plan at once, each within `npuops_diagnose_budget` seconds 
 `diagnose` role reads (module `diagnose_collect`) the service containers' logs since their last start, each line with
 the time the engine wrote it (`logs --timestamps`); the CANN log files (plog, device logs) under
 `npuops_diagnose_log_dirs` written since then; the NPU driver's kernel messages (`dmesg`); every device's TLS switch
-and link (`hccn_tool`), the containers' `HCCL_IF_IP` / `HCCL_SOCKET_IFNAME` and the node's addresses; and the node's
-clock. On the controller every line gets its time whatever format wrote it (RFC 3339, vLLM's `INFO 12-05 01:02:03`,
+and link (`hccn_tool`), the containers' `HCCL_IF_IP` / `HCCL_SOCKET_IFNAME` and the node's addresses; every chip
+whose health in `npu-smi info` is not OK; and the node's clock. Where MindCluster FaultDiag (`ascend-fd`) is
+installed on a node (`npuops_diagnose_ascend_fd`: `auto` finds it on `PATH`), it also runs `ascend-fd single-diag`
+on the CANN logs and the engines' logs within what is left of the budget, and its verdict - each fault event's code,
+cause, suggestion, devices and key log line, read from `fault_diag_result/diag_report.json` - is printed after the
+findings and handed to platforms as `npuops.diagnosis_ascend_fd` ({host: {verdicts} or {error}}). On the controller every line gets its time whatever format wrote it (RFC 3339, vLLM's `INFO 12-05 01:02:03`,
 CANN's `2026-12-05-01:02:03.123.456`, `dmesg -T`), less the node's clock offset against the others (read at the same
 moment), and its rank where the line shows one (`EngineCore_DP2`, `rank=3`, `rankId[12]`).
 
@@ -42,7 +46,8 @@ Where the log alone cannot tell causes apart, the hosts' facts decide: an EI0006
 between devices is `tls_mismatch`; with an `HCCL_SOCKET_IFNAME` that does not own `HCCL_IF_IP`, `nic_or_ip_wrong`;
 with a device link down, the fix names the device.
 
-It runs by itself when the engines of a deploy (`site.yml`, `deploy.yml`) do not come up - before they are stopped
+It runs by itself when the engines of a deploy (`site.yml`, `deploy.yml`) do not come up or answer the deploy's
+known question wrong (a node without `/etc/hccn.conf` starts and answers garbage) - before they are stopped
 (`npuops_serve_diagnose`) - and when `status.yml` finds an instance down (`npuops_status_diagnose`). It prints per
 cause the host and rank that printed it first, the other hosts, the evidence line and the fix, and hands platforms
 `npuops.diagnosis` in the stats: a list of `{cause, fix, evidence, host, rank, time, hosts, signature, reference,

@@ -27,7 +27,8 @@ def signatures():
 
 def diagnose_findings(hostvars, hosts, key, limit=10):
     """-> {findings: [{cause, fix, evidence, host, rank, time, hosts, signature, reference}], offsets: {host: s},
-    unread: [host: why], lines: [what to print]}."""
+    unread: [host: why], ascend_fd: {host: MindCluster FaultDiag's verdicts or error, where it ran}, lines: [what to
+    print]}."""
     collected, unread = {}, []
     for h in hosts:
         r = hostvar(hostvars, h, key)
@@ -57,8 +58,18 @@ def diagnose_findings(hostvars, hosts, key, limit=10):
     skewed = sorted("%s %+.1fs" % (h, o) for h, o in offsets.items() if abs(o) >= 1.0)
     if skewed:
         lines.append("clock offsets allowed for: %s" % ", ".join(skewed))
+    fault_diag = dict((h, c["ascend_fd"]) for h, c in sorted(collected.items()) if c.get("ascend_fd"))
+    for h, verdict in fault_diag.items():
+        if verdict.get("error"):
+            lines.append("ascend-fd on %s: %s" % (h, verdict["error"]))
+        elif not verdict.get("verdicts"):
+            lines.append("ascend-fd on %s: no fault found (NORMAL_OR_UNSUPPORTED)" % h)
+        for v in verdict.get("verdicts") or []:
+            lines.append("ascend-fd on %s: %s %s (%s) at %s" % (h, v["code"], v["cause"], ", ".join(v["devices"]),
+                                                                v["time"] or "?"))
+            lines.append("   suggestion: %s" % v["suggestion"])
     lines.extend("not read: %s" % u for u in unread)
-    return {"findings": findings, "offsets": offsets, "unread": unread, "lines": lines}
+    return {"findings": findings, "offsets": offsets, "unread": unread, "ascend_fd": fault_diag, "lines": lines}
 
 
 class FilterModule(object):

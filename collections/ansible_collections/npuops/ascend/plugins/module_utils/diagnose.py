@@ -25,7 +25,9 @@ import calendar
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 
 CAUSES = ("hccl_connect_timeout", "hccl_exec_timeout", "port_in_use", "nic_or_ip_wrong", "tls_mismatch", "rank_table",
@@ -273,15 +275,76 @@ def log_files(dirs, newer_than, max_files=64, walk=os.walk, getmtime=os.path.get
     return [p for _m, p in sorted(found, reverse=True)[:max_files]]
 
 
+def chip_health_lines(text):
+    """``npu-smi info`` -> one line per chip whose health is not OK (what the signatures read), [] when all are."""
+    from ansible_collections.npuops.ascend.plugins.module_utils import npu_smi  # node side only
+    try:
+        chips = npu_smi.parse_info(text)["chips"]
+    except Exception:  # a driver that answers garbage says so elsewhere (dmesg, the engines' errors)
+        return []
+    return ["npu-smi info: NPU %s chip %s (phy %s) health %s" % (c["card"], c["chip"], c.get("table_phy_id"),
+                                                                c["health"])
+            for c in chips if (c.get("health") or "UNKNOWN") != "OK"]
+
+
+def ascend_fd_verdict(report):
+    """MindCluster FaultDiag's report (``fault_diag_result/diag_report.json`` of ``ascend-fd single-diag``; fields as
+    Ascend/mind-cluster docs/zh/faultdiag/ascend-faultdiag/06_api/03_command_diag.md describes them) -> one verdict
+    per fault event: [{code, cause, suggestion, devices, evidence, time}], earliest first."""
+    faults = ((report or {}).get("Knowledge_Graph") or {}).get("fault") or []
+    out = []
+    for fault in faults:
+        if not isinstance(fault, dict):
+            continue
+        events = [e for evs in (fault.get("event_attr") or {}).values() for e in (evs or []) if isinstance(e, dict)]
+        first = min(events, key=lambda e: str(e.get("occur_time") or "")) if events else {}
+        out.append({"code": fault.get("code"), "cause": fault.get("cause_zh") or fault.get("cause_en"),
+                    "suggestion": " ".join(str(x) for x in fault.get("suggestion_zh") or fault.get("suggestion_en")
+                                           or []),
+                    "devices": [str(d) for d in fault.get("fault_source") or []],
+                    "evidence": first.get("key_info"), "time": first.get("occur_time")})
+    return sorted(out, key=lambda v: str(v["time"] or "~"))
+
+
+def run_ascend_fd(ascend_fd, texts, log_dirs, bounded):
+    """ascend-fd single-diag on this node's CANN logs (--process_log) and the engines' logs (--train_log, written to
+    a directory of its own): -> {verdicts: [...]} or {error}. `bounded(argv)` runs within the budget."""
+    work = tempfile.mkdtemp(prefix="npuops-ascend-fd-")
+    try:
+        train = os.path.join(work, "train_log")
+        os.mkdir(train)
+        for i, text in enumerate(texts):
+            with open(os.path.join(train, "engine-%d.log" % i), "w") as f:
+                f.write(text)
+        argv = [ascend_fd, "single-diag", "-o", os.path.join(work, "out"), "--train_log", train]
+        process = [d for d in log_dirs if os.path.isdir(d)]
+        if process:
+            argv += ["--process_log", process[0]]
+        rc, text = bounded(argv)
+        if rc is None:
+            return {"error": "budget spent before ascend-fd ran"}
+        report = os.path.join(work, "out", "fault_diag_result", "diag_report.json")
+        if not os.path.exists(report):
+            return {"error": "ascend-fd single-diag exited %s without a report: %s" % (
+                rc, (text.strip().splitlines() or [""])[-1][:300])}
+        with open(report) as f:
+            return {"verdicts": ascend_fd_verdict(json.load(f))}
+    except (OSError, ValueError) as e:
+        return {"error": "ascend-fd: %s" % e}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def collect(engine, names, run, tail=3000, log_dirs=(), hccn_tool=None, devices=(), budget=40.0, clock=time.time,
-            max_bytes=512 * 1024):
+            max_bytes=512 * 1024, npu_smi=None, ascend_fd=None):
     """What a node says about a failure, each call bounded and all within `budget` seconds: -> {clock, sources:
     [{source, text}], facts: {env, addresses, tls, links}, errors}.
 
     `engine` a container.Engine, `names` the service's containers (their log since their last start, each line with
     its time), `log_dirs` the CANN log directories the containers write to on the host (files written since the
     earliest start), the NPU driver's kernel messages, and the facts diagnose tells causes apart with: the
-    containers' network variables, the node's addresses, every device's TLS switch and link (hccn_tool)."""
+    containers' network variables, the node's addresses, every device's TLS switch and link (hccn_tool), the
+    chips' health (`npu_smi`), and MindCluster FaultDiag's verdict when `ascend_fd` (its CLI) is installed."""
     from ansible_collections.npuops.ascend.plugins.module_utils import hccn, host  # node side only
     deadline = clock() + budget
     out = {"clock": clock(), "sources": [], "facts": {"env": {}, "addresses": {}, "tls": {}, "links": {}},
@@ -317,11 +380,11 @@ def collect(engine, names, run, tail=3000, log_dirs=(), hccn_tool=None, devices=
         except OSError as e:
             out["errors"].append("%s: %s" % (path, e))
 
-    def bounded(argv):
+    def bounded(argv, cap=10.0):
         left = deadline - clock()
         if left <= 0:
             return None, ""
-        rc, stdout, stderr = run(argv, min(left, 10))
+        rc, stdout, stderr = run(argv, min(left, cap))
         return rc, stdout + stderr
 
     rc, text = bounded(["env", "TZ=UTC", "dmesg", "-T", "--level=emerg,alert,crit,err,warn"])
@@ -330,6 +393,12 @@ def collect(engine, names, run, tail=3000, log_dirs=(), hccn_tool=None, devices=
                   if KERNEL.search(line) and (parse_time(line) or 0) >= since][-300:]
         if kernel:
             out["sources"].append({"source": "dmesg", "text": "\n".join(kernel)})
+    if npu_smi:
+        rc, text = bounded([npu_smi, "info"])
+        unhealthy = chip_health_lines(text) if rc == 0 else []
+        if unhealthy:  # now, not since the start: npu-smi has no history
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(clock()))
+            out["sources"].append({"source": "npu-smi", "text": "\n".join("%s %s" % (stamp, u) for u in unhealthy)})
     nics = host.ipv4_addresses(lambda argv: run(argv, max(1, min(deadline - clock(), 10)))[:2])
     out["facts"]["addresses"] = nics or {}
     for dev in devices if hccn_tool else ():
@@ -340,6 +409,10 @@ def collect(engine, names, run, tail=3000, log_dirs=(), hccn_tool=None, devices=
         out["facts"]["tls"][str(dev)] = hccn.parse_tls(text)
         rc, text = bounded([hccn_tool, "-i", str(dev), "-link", "-g"])
         out["facts"]["links"][str(dev)] = hccn.parse_link(text)
+    if ascend_fd:  # last: it may take what is left of the budget
+        out["ascend_fd"] = run_ascend_fd(ascend_fd, [s["text"] for s in out["sources"]
+                                                     if s["source"].startswith("container ")], log_dirs,
+                                       lambda argv: bounded(argv, cap=budget))
     return out
 
 

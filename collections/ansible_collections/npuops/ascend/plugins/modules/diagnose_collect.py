@@ -16,7 +16,10 @@ description:
   - Reads, within O(budget) seconds whatever is broken, the log of each named container since its last start (each
     line with the time the engine wrote it), the CANN log files (plog, device logs) under O(log_dirs) written since
     then, the NPU driver's kernel messages, and the facts that tell causes apart - the containers' network
-    variables, the node's addresses, the TLS switch and link of every device (hccn_tool) - plus the node's clock.
+    variables, the node's addresses, the TLS switch and link of every device (hccn_tool) - plus the node's clock
+    and every chip whose health (C(npu-smi info)) is not OK.
+  - When MindCluster FaultDiag (C(ascend-fd)) is installed on the node, its verdict too (C(ascend-fd single-diag) on
+    the CANN logs and the engines' logs), in RV(ascend_fd).
   - The controller matches them against the signatures (filter P(npuops.ascend.diagnose_findings#filter)).
   - Only reads; nothing on the node changes.
 author:
@@ -46,6 +49,14 @@ options:
   hccn_tool:
     description: Path of hccn_tool (default found in PATH or the driver's tools directory).
     type: path
+  npu_smi_path:
+    description: Path of C(npu-smi) (default found in E(PATH), then C(/usr/local/bin) and C(/usr/local/sbin)).
+    type: path
+  ascend_fd:
+    description:
+      - Path of MindCluster FaultDiag's C(ascend-fd). By default found in E(PATH); V(false) or an empty string
+        skips it.
+    type: str
   budget:
     description: Seconds the whole collection may take; what is left unread is named in RV(errors).
     type: int
@@ -86,6 +97,13 @@ facts:
     ({device - value}).
   returned: always
   type: dict
+ascend_fd:
+  description: MindCluster FaultDiag's verdict when C(ascend-fd) is installed - C(verdicts), one per fault event
+    (code, cause, suggestion, devices, evidence, time), or C(error).
+  returned: when ascend-fd is installed
+  type: dict
+  sample: {verdicts: [{code: AISW_CANN_HCCL_01, cause: "...", suggestion: "...", devices: [worker-0 device-2],
+                       evidence: "[ERROR] HCCL(...)", time: "2026-05-29 15:35:10.674067"}]}
 errors:
   description: What could not be read (a wedged container daemon, the budget spent).
   returned: always
@@ -98,7 +116,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.npuops.ascend.plugins.module_utils import container as ct
-from ansible_collections.npuops.ascend.plugins.module_utils import diagnose, proc
+from ansible_collections.npuops.ascend.plugins.module_utils import diagnose, npu_smi, proc
 
 HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
 
@@ -112,6 +130,8 @@ def main():
             log_dirs=dict(type="list", elements="path", default=[]),
             devices=dict(type="list", elements="int", default=[]),
             hccn_tool=dict(type="path"),
+            npu_smi_path=dict(type="path"),
+            ascend_fd=dict(type="str"),
             budget=dict(type="int", default=40),
         ),
         supports_check_mode=True,
@@ -122,8 +142,14 @@ def main():
         module.fail_json(msg="%s is not installed on this node" % p["engine"])
     tool = p["hccn_tool"] or module.get_bin_path("hccn_tool") or (HCCN_TOOL if os.path.exists(HCCN_TOOL) else None)
     engine = ct.Engine(cli, timeout=min(15, max(1, p["budget"] // 3)))
+    try:
+        smi = npu_smi.locate(module.get_bin_path, p["npu_smi_path"])
+    except npu_smi.NpuSmiError:
+        smi = None  # a gateway or monitor host: no chips to read
+    fd = p["ascend_fd"]
+    fd = None if fd in ("", "false", "False", "no") else (fd or module.get_bin_path("ascend-fd"))
     result = diagnose.collect(engine, p["names"], proc.run, tail=p["tail"], log_dirs=p["log_dirs"], hccn_tool=tool,
-                              devices=p["devices"], budget=float(p["budget"]))
+                              devices=p["devices"], budget=float(p["budget"]), npu_smi=smi, ascend_fd=fd)
     module.exit_json(changed=False, **result)
 
 

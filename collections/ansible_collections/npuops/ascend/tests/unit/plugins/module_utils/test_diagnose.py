@@ -250,3 +250,85 @@ def test_a_node_stops_reading_when_its_budget_is_spent():
                            devices=list(range(16)), budget=20.0, clock=clock)
     assert len(got["facts"]["links"]) < 16
     assert "budget spent before reading the devices' TLS and link" in got["errors"]
+
+
+def test_chips_whose_health_is_not_ok_become_lines_the_signatures_read(signatures):
+    with open(os.path.join(HERE, "fixtures", "npu_smi", "a3_info.txt")) as f:
+        healthy = f.read()
+    assert diagnose.chip_health_lines(healthy) == []
+    # the second chip of NPU 1 (physical id 3) raises an alarm
+    rows = healthy.splitlines()
+    i = [n for n, row in enumerate(rows) if row.startswith("| 1     3                   | 0000:9B")][0]
+    rows[i - 1] = rows[i - 1].replace("| OK            |", "| Alarm         |")
+    lines = diagnose.chip_health_lines("\n".join(rows))
+    assert lines == ["npu-smi info: NPU 1 chip 1 (phy 3) health Alarm"]
+    found = diagnose.analyze(diagnose.lines_of("2026-12-05T01:00:00Z " + lines[0], host="node02"), signatures)
+    assert found[0]["cause"] == "other" and "npu-smi info -t health -i 1 -c 1" in found[0]["fix"].replace(
+        "<card>", "1").replace("<chip>", "1") and found[0]["host"] == "node02"
+
+
+def fault_diag(report=True, rc=0):
+    """A run() that answers ascend-fd single-diag as MindCluster FaultDiag does: the report in
+    <output>/fault_diag_result/diag_report.json (the documented example's content, Ascend/mind-cluster
+    docs/zh/faultdiag/ascend-faultdiag/06_api/03_command_diag.md), and records what it was given."""
+    calls = []
+
+    def run(argv, timeout):
+        if "single-diag" not in argv:
+            return 1, "", "unknown"
+        out = argv[argv.index("-o") + 1]
+        train = argv[argv.index("--train_log") + 1]
+        calls.append({"argv": argv, "timeout": timeout, "train": sorted(os.listdir(train)),
+                      "text": open(os.path.join(train, "engine-0.log")).read()})
+        if report:
+            os.makedirs(os.path.join(out, "fault_diag_result"))
+            with open(os.path.join(CORPUS, "..", "ascend_fd", "diag_report.json")) as f, \
+                    open(os.path.join(out, "fault_diag_result", "diag_report.json"), "w") as g:
+                g.write(f.read())
+        return rc, "" if report else "Traceback (most recent call last):\nascend_fd.status.BaseError: no input", ""
+    return run, calls
+
+
+def test_ascend_fd_where_installed_adds_its_verdict_and_leaves_nothing_behind(tmp_path):
+    run, calls = fault_diag()
+    plog = tmp_path / "plog"
+    plog.mkdir()
+    got = diagnose.collect(FakeEngine(), ["vllm"], run, log_dirs=[str(plog)], ascend_fd="/usr/local/bin/ascend-fd",
+                           budget=30.0, clock=lambda: 1000.0)
+    assert got["ascend_fd"] == {"verdicts": [{
+        "code": "AISW_CANN_ACL_02", "cause": "ACL单算子接口执行失败", "suggestion": "1. 记录错误日志、ERR MSG、API返回错误码；",
+        "devices": ["worker-0 device-Unknown"], "time": "2026-05-29 15:35:10.674067",
+        "evidence": "[ERROR] OP(3072863,python3):2026-05-29-15:35:10.674.067 [engine.cc:755]3074390 Execute op failed. "
+                    "op type = fasfasdfasdfsaf"}]}
+    argv = calls[0]["argv"]
+    assert argv[:2] == ["/usr/local/bin/ascend-fd", "single-diag"] and argv[-2:] == ["--process_log", str(plog)]
+    assert calls[0]["train"] == ["engine-0.log"] and "[core.py:1] loading" in calls[0]["text"]
+    assert 10 < calls[0]["timeout"] <= 30  # more than a device read, within the budget
+    assert not os.path.exists(os.path.dirname(argv[argv.index("-o") + 1]))  # its scratch directory is gone
+
+
+def test_ascend_fd_without_a_report_says_why_and_no_ascend_fd_runs_nothing():
+    run, _calls = fault_diag(report=False, rc=1)
+    got = diagnose.collect(FakeEngine(), ["vllm"], run, ascend_fd="ascend-fd", budget=30.0, clock=lambda: 1000.0)
+    assert got["ascend_fd"] == {"error": "ascend-fd single-diag exited 1 without a report: "
+                                         "ascend_fd.status.BaseError: no input"}
+    run, calls = fault_diag()
+    assert "ascend_fd" not in diagnose.collect(FakeEngine(), ["vllm"], run, budget=30.0, clock=lambda: 1000.0)
+    assert calls == []
+
+
+def test_the_filter_prints_ascend_fd_verdicts_next_to_the_findings():
+    from ansible_collections.npuops.ascend.plugins.filter.diagnose import diagnose_findings
+    verdict = {"code": "AISW_CANN_HCCL_01", "cause": "HCCL建链超时", "suggestion": "检查网络", "devices": ["worker-0 device-3"],
+               "evidence": "[ERROR] HCCL(1,python3):...", "time": "2026-12-05 01:00:40.1"}
+    hostvars = {"node01": {"r": {"clock": 1000.0, "sources": [], "facts": {}, "errors": [],
+                                 "ascend_fd": {"verdicts": [verdict]}}},
+                "node02": {"r": {"clock": 1000.0, "sources": [], "facts": {}, "errors": [],
+                                 "ascend_fd": {"error": "budget spent before ascend-fd ran"}}},
+                "node03": {"r": {"clock": 1000.0, "sources": [], "facts": {}, "errors": []}}}
+    got = diagnose_findings(hostvars, ["node01", "node02", "node03"], "r")
+    assert got["ascend_fd"] == {"node01": {"verdicts": [verdict]},
+                                "node02": {"error": "budget spent before ascend-fd ran"}}
+    assert "ascend-fd on node01: AISW_CANN_HCCL_01 HCCL建链超时 (worker-0 device-3) at 2026-12-05 01:00:40.1" in got["lines"]
+    assert "   suggestion: 检查网络" in got["lines"]
+    assert "ascend-fd on node02: budget spent before ascend-fd ran" in got["lines"]
