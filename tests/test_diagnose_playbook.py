@@ -120,8 +120,10 @@ def test_an_hccl_timeout_is_told_apart_by_the_nodes_facts(cluster, faults, tmp_p
     assert sorted(diagnosis[0]["hosts"]) == ["node01", "node02", "node03", "node04"]
 
 
-def test_the_fabric_cut_between_two_nodes_is_an_hccl_connect_timeout(cluster, faults, tmp_path):
-    faults(1, "fabric_cut", "--peer", "3")
+@pytest.mark.parametrize("node, peer", [(1, 3), (2, 3)])
+def test_the_fabric_cut_between_two_nodes_is_an_hccl_connect_timeout(cluster, faults, tmp_path, node, peer):
+    """Cut between the leader and a worker, or between two workers (EP's all-to-all reaches every pair of nodes)."""
+    faults(node, "fabric_cut", "--peer", str(peer))
     _took, out, diagnosis = failed_deploy(cluster, tmp_path, inventories=hccl_timeout(tmp_path))
     assert diagnosis[0]["cause"] == "hccl_connect_timeout", (causes(diagnosis), out[-4000:])
     assert "HCCL_CONNECT_TIMEOUT" in diagnosis[0]["fix"]

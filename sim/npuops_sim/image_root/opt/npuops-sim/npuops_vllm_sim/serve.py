@@ -177,9 +177,10 @@ def reachable(ip, timeout=1.0):
         return False
 
 
-def hccl_problems(facts_by_peer, leader_ip):
+def hccl_problems(facts_by_peer, leader_ip, mesh=None):
     """What keeps the ranks of a group from building their communicator: a device link down, TLS switches that differ,
-    a peer's device IPs the leader cannot reach. -> [text]."""
+    a peer's device IPs the leader cannot reach, or another member cannot (`mesh`: {member: [IPs it could not
+    reach]}). -> [text]."""
     problems = []
     for peer, facts in sorted(facts_by_peer.items()):
         down = sorted(int(d) for d, state in (facts.get("links") or {}).items() if state != "UP")
@@ -191,7 +192,16 @@ def hccl_problems(facts_by_peer, leader_ip):
     for peer, facts in sorted(facts_by_peer.items()):
         if peer != leader_ip and facts.get("ips") and not reachable(facts["ips"][0]):
             problems.append("%s cannot reach %s's device IP %s" % (leader_ip, peer, facts["ips"][0]))
+    for peer, unreachable in sorted((mesh or {}).items()):
+        problems.extend("%s cannot reach the device IP %s" % (peer, ip) for ip in unreachable)
     return problems
+
+
+def mesh_targets(facts_by_peer, leader_ip):
+    """{member: [the other members' first device IPs]}: what each member tries before the group's communicator is
+    built (an all-to-all over EP reaches every pair of nodes, not only the leader's)."""
+    ips = dict((p, f["ips"][0]) for p, f in facts_by_peer.items() if p != leader_ip and f.get("ips"))
+    return dict((p, sorted(ip for q, ip in ips.items() if q != p)) for p in ips if len(ips) > 1)
 
 
 def hccl_fail_later(problems, rank):
@@ -286,6 +296,7 @@ class Group(object):
         self.members = []
         self.broken = []  # peers that joined without /etc/hccn.conf
         self.hccl = {}  # peer -> hccl_facts() it sent; the leader's own under its address
+        self.mesh = queue.Queue()  # (member, [device IPs it could not reach]) answers to a mesh check
         self.address = None
         self.step_lock = threading.Lock()
         self.steps = 0
@@ -339,7 +350,7 @@ class Group(object):
             conn.close()
             return
         ranks = hello.get("ranks", [])
-        err = None
+        err, last = None, False
         for key, value in self.signature.items():
             if hello.get("signature", {}).get(key) != value:
                 err = "%s differs: the leader has %r, %s sent %r" % (key, value, peer,
@@ -366,17 +377,7 @@ class Group(object):
                                                                       len(self.expected)))
                 if hello.get("hccl"):
                     self.hccl[peer] = hello["hccl"]
-                if set(self.joined) == self.expected:
-                    problems = hccl_problems(self.hccl, self.address) if self.hccl else []
-                    if problems:
-                        hccl_fail_later(problems, 0)
-                    else:
-                        self.complete.set()
-                    for m in self.members:
-                        try:
-                            m.send({"hccl_error": problems, "rank": m.ranks[0]} if problems else {"complete": True})
-                        except OSError:
-                            pass
+                last = set(self.joined) == self.expected
         if err:
             log("ERROR", "refusing %s: %s" % (peer, err))
             f.write(json.dumps({"error": err}) + "\n")
@@ -384,6 +385,8 @@ class Group(object):
             conn.close()
             return
         member.send({"ok": True, "complete": self.complete.is_set(), "hccl_error": None})
+        if last:  # after its answer: the member reads that first
+            threading.Thread(target=self.build, daemon=True).start()
         # a member answers the steps the leader sends, asks for steps of its own (an external-DP rank serving a
         # request), and going away is an engine core that died: vLLM's leader fails with it
         while True:
@@ -394,7 +397,9 @@ class Group(object):
             if not line:
                 break
             msg = json.loads(line)
-            if "step" in msg:
+            if "mesh_result" in msg:
+                self.mesh.put((peer, msg["mesh_result"]))
+            elif "step" in msg:
                 member.answers.put(msg)
             elif "sync" in msg:
                 threading.Thread(target=self.sync_for, args=(member, msg["sync"]), daemon=True).start()
@@ -403,6 +408,38 @@ class Group(object):
         if gone:
             die("EngineDeadError: %s rank(s) %s at %s went away" % (self.kind, gone, peer))
 
+
+    def build(self):
+        """Every rank has joined: build the communicator as HCCL does - every member tries the other members' devices
+        (bounded), then the group completes or every rank fails as HCCL would."""
+        targets = mesh_targets(self.hccl, self.address)
+        for m in self.members:
+            if m.peer in targets:
+                try:
+                    m.send({"mesh": targets[m.peer]})
+                except OSError:
+                    pass
+        mesh, deadline = {}, time.time() + 10
+        while len(mesh) < len(targets) and time.time() < deadline:
+            try:
+                peer, unreachable = self.mesh.get(timeout=max(0.1, deadline - time.time()))
+            except queue.Empty:
+                break
+            if unreachable:
+                mesh[peer] = unreachable
+            else:
+                mesh.setdefault(peer, [])
+        mesh = dict((p, u) for p, u in mesh.items() if u)
+        problems = hccl_problems(self.hccl, self.address, mesh) if self.hccl else []
+        if problems:
+            hccl_fail_later(problems, 0)
+        else:
+            self.complete.set()
+        for m in self.members:
+            try:
+                m.send({"hccl_error": problems, "rank": m.ranks[0]} if problems else {"complete": True})
+            except OSError:
+                pass
 
     def sync_for(self, member, n):
         self.step(exclude=member)
@@ -462,6 +499,8 @@ class Follower(object):
             if not line:
                 die("EngineDeadError: the leader closed the connection")
             msg = json.loads(line)
+            if "mesh" in msg:  # the leader asks before it builds the communicator: which of these answer?
+                threading.Thread(target=self.try_mesh, args=(msg["mesh"],), daemon=True).start()
             if msg.get("hccl_error"):
                 hccl_fail_later(msg["hccl_error"], msg.get("rank"))
             if msg.get("complete"):
@@ -472,6 +511,19 @@ class Follower(object):
                 event = self.waiting.pop(msg["synced"], None)
                 if event:
                     event.set()
+
+    def try_mesh(self, ips):
+        """Try every IP at once (each bounded by reachable()'s timeout) and tell the leader which did not answer."""
+        found = {}
+
+        def one(ip):
+            found[ip] = reachable(ip)
+        threads = [threading.Thread(target=one, args=(ip,), daemon=True) for ip in ips]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(5)
+        self.send({"mesh_result": [ip for ip in ips if not found.get(ip, False)]})
 
     def step(self):
         timeout = float(os.environ.get("HCCL_EXEC_TIMEOUT", "1836"))
