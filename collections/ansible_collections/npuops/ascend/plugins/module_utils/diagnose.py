@@ -282,8 +282,8 @@ def chip_health_lines(text):
         chips = npu_smi.parse_info(text)["chips"]
     except Exception:  # a driver that answers garbage says so elsewhere (dmesg, the engines' errors)
         return []
-    return ["npu-smi info: NPU %s chip %s (phy %s) health %s" % (c["card"], c["chip"], c.get("table_phy_id"),
-                                                                c["health"])
+    row = "npu-smi info: NPU %s chip %s (phy %s) health %s"
+    return [row % (c["card"], c["chip"], c.get("table_phy_id"), c["health"])
             for c in chips if (c.get("health") or "UNKNOWN") != "OK"]
 
 
@@ -410,9 +410,8 @@ def collect(engine, names, run, tail=3000, log_dirs=(), hccn_tool=None, devices=
         rc, text = bounded([hccn_tool, "-i", str(dev), "-link", "-g"])
         out["facts"]["links"][str(dev)] = hccn.parse_link(text)
     if ascend_fd:  # last: it may take what is left of the budget
-        out["ascend_fd"] = run_ascend_fd(ascend_fd, [s["text"] for s in out["sources"]
-                                                     if s["source"].startswith("container ")], log_dirs,
-                                       lambda argv: bounded(argv, cap=budget))
+        engine_logs = [s["text"] for s in out["sources"] if s["source"].startswith("container ")]
+        out["ascend_fd"] = run_ascend_fd(ascend_fd, engine_logs, log_dirs, lambda argv: bounded(argv, cap=budget))
     return out
 
 
