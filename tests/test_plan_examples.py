@@ -11,6 +11,7 @@ from npuops_sim.testing import BIN, run
     ("a3-4node", 4, "http://192.168.100.11:8000"),
     ("a3-8p8d", 16, "http://192.168.100.11:8080"),
     ("a3-8node-ha", 8, "http://192.168.100.250:8000"),
+    ("a2-8node", 8, "http://192.168.110.11:8000"),
 ])
 def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
     out = tmp_path / "plan.json"

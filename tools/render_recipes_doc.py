@@ -48,6 +48,10 @@ def render():
            "deviations table below, then the operator's overrides (`npuops_model_overrides`, `npuops_vllm_overrides`, "
            "`npuops_env_overrides`). Nothing else changes: a unit test renders every recipe and refuses any other "
            "difference.", "",
+           "Shell lines a source runs before its command (`setup`, e.g. the A2 page's `source .../set_env.sh` of the "
+           "CANN toolkit and of vllm-ascend's custom operators) run in the engine's container: its command is "
+           "`/bin/bash -c '<line> && <line> && exec \"$@\"' npuops-recipe-setup vllm serve ...`, so each must "
+           "succeed and the command's argv stays as rendered.", "",
            "The inventory chooses one with `npuops_recipe`; without it, the tier and model preset's default is used. "
            "`playbooks/plan.yml` prints, per host, every flag and environment key that differs from the recipe and "
            "why, e.g. with `-e '{\"npuops_model_overrides\": {\"max_num_seqs\": 32}}'`:", "",
@@ -74,6 +78,8 @@ def render():
                 "- Variables: %s" % (", ".join("`$%s` = %s" % (k, v) for k, v in r["variables"].items()) or "none"),
                 "- Ports: %s" % (", ".join("%s %s" % kv for kv in (r.get("ports") or {}).items()) or "the tier's"),
                 ""]
+        if r.get("setup"):
+            out += ["Run first, in every role's container:", "", code("\n".join(r["setup"])), ""]
         if r.get("env"):
             out += ["Environment of every role:", "", code("\n".join("export %s=%s" % kv for kv in r["env"].items())),
                     ""]

@@ -389,7 +389,8 @@ class Cluster:
         size = len(npu) // replicas
         if tier is None:
             # the tier of this many nodes per instance, when exactly one has that size
-            sized = [name for name, doc in docs.items() if int(doc["nodes"]) == size]
+            sized = [name for name, doc in docs.items() if int(doc["nodes"]) == size
+                     and str(doc.get("generation", "A3")).upper() == str(generation).upper()]
             tier = sized[0] if len(sized) == 1 else None
         doc = docs.get(tier) if tier else None
         ssh = self.ssh_dir()

@@ -135,7 +135,7 @@ def serve_containers(plan, hostvars, tier, model, options):
                 entry, recipe, plan_vals, model, options.get("model_overrides"),
                 hostvar(hostvars, host, "npuops_vllm_overrides", {}), hostvar(hostvars, host, "npuops_env_overrides"),
                 rows)
-            argv = vllm_cli.render(spec)
+            argv = recipes.setup_argv(recipe, recipes.role_of(entry)) + vllm_cli.render(spec)
         except (vllm_cli.VllmCliError, recipes.RecipeError, RenderError) as e:
             raise AnsibleFilterError("serve_containers: host %s: %s" % (host, e))
         leader = plan["hosts"][entry["leader"]]

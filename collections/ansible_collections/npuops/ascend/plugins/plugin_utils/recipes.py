@@ -117,9 +117,26 @@ def bind(text, values, where, strict=True):
     return VARIABLE.sub(one, str(text))
 
 
+SHELL_EXPANSION = re.compile(r"\$\{[^}]*\}")
+
+
 def unbound(text):
-    """The variables still in a value (after strict=False binding)."""
-    return [m.group(0) for m in VARIABLE.finditer(str(text))]
+    """The variables still in a value (after strict=False binding), shell expansions such as ${PATH:-} included: a
+    container's environment is not expanded by a shell."""
+    return [m.group(0) for m in VARIABLE.finditer(str(text))] + SHELL_EXPANSION.findall(str(text))
+
+
+SETUP_WRAPPER = "npuops-recipe-setup"
+
+
+def setup_argv(recipe, role):
+    """The shell lines a recipe's source runs before its command (`source .../set_env.sh`: the CANN toolkit's and
+    vllm-ascend's custom operators' environment), as the prefix of the container's command - bash runs them, each
+    must succeed, then execs the command with its argv intact - or [] when the recipe has none."""
+    lines = list(recipe.get("setup") or []) + list(((recipe.get("roles") or {}).get(role) or {}).get("setup") or [])
+    if not lines:
+        return []
+    return ["/bin/bash", "-c", " && ".join(lines) + ' && exec "$@"', SETUP_WRAPPER]
 
 
 def flag_key(flag):

@@ -56,8 +56,13 @@ def npu_map():
     if "dcmi module initialize failed" in out:
         die("RuntimeError: Failed to infer device type: npu-smi: %s (are /dev/davinci_manager and the driver "
             "mounted?)" % out.strip())
-    rows = [r.split() for r in out.splitlines()[1:] if r.strip() and "Mcu" not in r]
-    return dict((int(r[2]), int(r[3])) for r in rows if len(r) >= 5)
+    # A3: NPU ID, Chip ID, Chip Logic ID, Chip Phy-ID, Chip Name; A2 has no Phy-ID column (the logical id is the
+    # physical one) and its chip name has a space ("Ascend 910B3")
+    lines = [r for r in out.splitlines() if r.strip()]
+    with_phy = bool(lines) and "Phy-ID" in lines[0]
+    rows = [r.split() for r in lines[1:] if "Mcu" not in r]
+    return dict((int(r[2]), int(r[3]) if with_phy else int(r[2])) for r in rows
+                if len(r) >= 4 and r[2].isdigit() and (not with_phy or r[3].isdigit()))
 
 
 def check_devices(local_world):

@@ -81,7 +81,7 @@ def test_wrong_tier_model_count_and_paths(presets):
     groups, hv = good()
     for h in hv:
         hv[h]["npuops_tier"] = "3node"
-    assert "npuops_tier = '3node' is not a tier; set it to one of 2node_pp, 4node_dp, 8p8d_pd" in \
+    assert "npuops_tier = '3node' is not a tier; set it to one of 2node_pp, 4node_dp, 8node_a2_dp, 8p8d_pd" in \
         check(groups, hv, presets)[0]
 
 

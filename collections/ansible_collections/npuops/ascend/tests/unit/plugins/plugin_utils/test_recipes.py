@@ -10,7 +10,7 @@ import shlex
 import pytest
 
 from ansible_collections.npuops.ascend.plugins.filter import serve, topology
-from ansible_collections.npuops.ascend.plugins.plugin_utils import recipes
+from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, recipes
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered
 
 # The vLLM-Ascend Kimi-K3 tutorial, section 5.1, with its variables filled in by hand for node01 (node 0) and node03
@@ -75,7 +75,7 @@ TUTORIAL_ENV = {
 
 
 def plan_containers(tier_name, preset, recipe_name=None, overrides=None):
-    nodes = {"2node_pp": 2, "4node_dp": 4, "8p8d_pd": 16}[tier_name]
+    nodes = catalog.load("tiers/" + tier_name)["nodes"]
     groups, hv = inventory(nodes)
     if tier_name == "8p8d_pd":
         groups.update(prefill=groups["npu_nodes"][:8], decode=groups["npu_nodes"][8:])
@@ -100,6 +100,69 @@ def test_the_tutorials_node0_and_worker_commands_are_what_runs_but_the_listen_ad
     for engine, ip in ((node0, "10.0.0.11"), (node2, "10.0.0.13")):
         # the tutorial's environment, and VLLM_HOST_IP (deviation vllm_host_ip)
         assert engine["env"] == dict(TUTORIAL_ENV, HCCL_IF_IP=ip, VLLM_HOST_IP=ip)
+
+
+# The vLLM-Ascend Kimi-K3 page (releases/v0.23.0), section 5.2.1, 8 x Atlas 800 A2, with its variables filled in by
+# hand for node01 (node 0) and node06 (DP_START_RANK=5): MODEL_PATH=/data/models/k3, LOCAL_IP=10.0.0.1x,
+# NODE0_IP=10.0.0.11, NIC_NAME=enp189s0f0, PORT=8000, RPC_PORT=13389 (the tier's; the page leaves both to the
+# operator).
+A2_NODE0 = """vllm serve /data/models/k3 \\
+    --host 0.0.0.0 \\
+    --port 8000 \\
+    --served-model-name kimi-k3 \\
+    --trust-remote-code \\
+    --language-model-only \\
+    --mm-encoder-tp-mode data \\
+    --skip-mm-profiling \\
+    --limit-mm-per-prompt '{"vision_chunk":2}' \\
+    --data-parallel-size 8 \\
+    --data-parallel-size-local 1 \\
+    --data-parallel-start-rank 0 \\
+    --data-parallel-address 10.0.0.11 \\
+    --data-parallel-rpc-port 13389 \\
+    --tensor-parallel-size 8 \\
+    --enable-expert-parallel \\
+    --dtype bfloat16 \\
+    --max-model-len 262144 \\
+    --gpu-memory-utilization 0.90 \\
+    --enable-prefix-caching \\
+    --compilation-config '{"cudagraph_mode":"FULL_DECODE_ONLY","cudagraph_capture_sizes":[1,2,4,8]}' \\
+    --tokenizer-mode kimi_k3 \\
+    --enable-auto-tool-choice \\
+    --reasoning-parser kimi_k3 \\
+    --tool-call-parser kimi_k3 \\
+    --additional-config '{"enable_flashcomm1":false,"ascend_compilation_config":{"enable_npugraph_ex":true,"enable_static_kernel":false},"enable_cpu_binding":true}'"""
+A2_NODE5 = A2_NODE0.replace("vllm serve /data/models/k3 \\\n", "vllm serve /data/models/k3 \\\n    --headless \\\n").replace(
+    "--data-parallel-start-rank 0", "--data-parallel-start-rank 5")
+A2_ENV = {
+    "PYTHONPATH": "/vllm-workspace/vllm-ascend", "GLOO_SOCKET_IFNAME": "enp189s0f0",
+    "TP_SOCKET_IFNAME": "enp189s0f0", "HCCL_SOCKET_IFNAME": "enp189s0f0", "HCCL_CONNECT_TIMEOUT": "1800",
+    "HCCL_EXEC_TIMEOUT": "1800", "HCCL_BUFFSIZE": "256", "HCCL_INTRA_ROCE_ENABLE": "1",
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "30000", "OMP_PROC_BIND": "false", "OMP_NUM_THREADS": "10",
+    "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "VLLM_LOGGING_LEVEL": "INFO", "TASK_QUEUE_ENABLE": "1",
+    "TIKTOKEN_CACHE_DIR": "/root/.cache/tiktoken-k3", "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+}
+A2_SETUP = ["/bin/bash", "-c", "source /usr/local/Ascend/ascend-toolkit/set_env.sh && source /vllm-workspace/vllm-ascend/"
+            "vllm_ascend/_cann_ops_custom/vendors/custom_transformer/bin/set_env.bash && exec \"$@\"",
+            "npuops-recipe-setup"]
+
+
+def test_the_a2_pages_node0_and_worker_commands_run_after_its_setup_lines():
+    out = plan_containers("8node_a2_dp", "kimi_k3_w4a8")
+    assert sorted(out) == ["node%02d" % i for i in range(1, 9)]
+    node0, node5 = out["node01"]["engine"], out["node06"]["engine"]
+    for engine, want, ip in ((node0, A2_NODE0, "10.0.0.11"), (node5, A2_NODE5, "10.0.0.16")):
+        assert engine["command"][:4] == A2_SETUP  # the page's two `source` lines, then the command as it is
+        want = recipes.command_spec(want, "typed")
+        if engine is node0:
+            want["host"] = "10.0.0.11"  # deviation listen_on_the_node_address, the only one on the command
+        assert spec_of(engine["command"][4:]) == want
+        # the page's environment; PYTHONPATH without the shell expansion (deviation a2_pythonpath)
+        assert engine["env"] == dict(A2_ENV, HCCL_IF_IP=ip, VLLM_HOST_IP=ip)
+        assert engine["devices"][:8] == ["/dev/davinci%d" % d for d in range(8)] and "/dev/davinci8" not in \
+            engine["devices"]
+    assert out["node04"]["engine"]["command"][4:][out["node04"]["engine"]["command"][4:].index(
+        "--data-parallel-start-rank") + 1] == "3"
 
 
 @pytest.mark.parametrize("name", recipes.names())
