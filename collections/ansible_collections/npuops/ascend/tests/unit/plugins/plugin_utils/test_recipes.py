@@ -131,7 +131,8 @@ A2_NODE0 = """vllm serve /data/models/k3 \\
     --enable-auto-tool-choice \\
     --reasoning-parser kimi_k3 \\
     --tool-call-parser kimi_k3 \\
-    --additional-config '{"enable_flashcomm1":false,"ascend_compilation_config":{"enable_npugraph_ex":true,"enable_static_kernel":false},"enable_cpu_binding":true}'"""
+    --additional-config """ + ("'{\"enable_flashcomm1\":false,\"ascend_compilation_config\":{\"enable_npugraph_ex\":true,"
+                                 "\"enable_static_kernel\":false},\"enable_cpu_binding\":true}'")
 A2_NODE5 = A2_NODE0.replace("vllm serve /data/models/k3 \\\n", "vllm serve /data/models/k3 \\\n    --headless \\\n").replace(
     "--data-parallel-start-rank 0", "--data-parallel-start-rank 5")
 A2_ENV = {
