@@ -106,6 +106,8 @@ def test_the_tutorials_node0_and_worker_commands_are_what_runs_but_the_listen_ad
 # hand for node01 (node 0) and node06 (DP_START_RANK=5): MODEL_PATH=/data/models/k3, LOCAL_IP=10.0.0.1x,
 # NODE0_IP=10.0.0.11, NIC_NAME=enp189s0f0, PORT=8000, RPC_PORT=13389 (the tier's; the page leaves both to the
 # operator).
+A2_ADDITIONAL_CONFIG = ("'{\"enable_flashcomm1\":false,\"ascend_compilation_config\":{\"enable_npugraph_ex\":true,"
+                        "\"enable_static_kernel\":false},\"enable_cpu_binding\":true}'")
 A2_NODE0 = """vllm serve /data/models/k3 \\
     --host 0.0.0.0 \\
     --port 8000 \\
@@ -131,8 +133,7 @@ A2_NODE0 = """vllm serve /data/models/k3 \\
     --enable-auto-tool-choice \\
     --reasoning-parser kimi_k3 \\
     --tool-call-parser kimi_k3 \\
-    --additional-config """ + ("'{\"enable_flashcomm1\":false,\"ascend_compilation_config\":{\"enable_npugraph_ex\":true,"
-                                 "\"enable_static_kernel\":false},\"enable_cpu_binding\":true}'")
+    --additional-config """ + A2_ADDITIONAL_CONFIG
 A2_NODE5 = A2_NODE0.replace("vllm serve /data/models/k3 \\\n", "vllm serve /data/models/k3 \\\n    --headless \\\n").replace(
     "--data-parallel-start-rank 0", "--data-parallel-start-rank 5")
 A2_ENV = {
