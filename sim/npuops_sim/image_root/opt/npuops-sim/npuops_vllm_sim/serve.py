@@ -182,10 +182,30 @@ def reachable(ip, timeout=1.0):
         return False
 
 
-def hccl_problems(facts_by_peer, leader_ip, mesh=None):
+def unreachable_among(ips):
+    """The device IPs that do not answer, all tried at once (each bounded by reachable()'s timeout)."""
+    found = {}
+
+    def one(ip):
+        found[ip] = reachable(ip)
+    threads = [threading.Thread(target=one, args=(ip,), daemon=True) for ip in ips]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    return [ip for ip in ips if not found.get(ip, False)]
+
+
+def mesh_targets(facts_by_peer):
+    """{peer: the other peers' first device IPs}: what each rank's node tries before the group's communicator is built
+    (an all-to-all over EP reaches every pair of nodes, the leader's and the others')."""
+    ips = dict((p, f["ips"][0]) for p, f in facts_by_peer.items() if f.get("ips"))
+    return dict((p, sorted(ip for q, ip in ips.items() if q != p)) for p in ips if len(ips) > 1)
+
+
+def hccl_problems(facts_by_peer, mesh=None):
     """What keeps the ranks of a group from building their communicator: a device link down, TLS switches that differ,
-    a peer's device IPs the leader cannot reach, or another member cannot (`mesh`: {member: [IPs it could not
-    reach]}). -> [text]."""
+    a device IP some node cannot reach (`mesh`: {peer: [IPs it could not reach]}). -> [text]."""
     problems = []
     for peer, facts in sorted(facts_by_peer.items()):
         down = sorted(int(d) for d, state in (facts.get("links") or {}).items() if state != "UP")
@@ -194,19 +214,9 @@ def hccl_problems(facts_by_peer, leader_ip, mesh=None):
     switches = set(v for facts in facts_by_peer.values() for v in (facts.get("tls") or {}).values())
     if len(switches) > 1:
         problems.append("the devices' TLS switches differ")
-    for peer, facts in sorted(facts_by_peer.items()):
-        if peer != leader_ip and facts.get("ips") and not reachable(facts["ips"][0]):
-            problems.append("%s cannot reach %s's device IP %s" % (leader_ip, peer, facts["ips"][0]))
     for peer, unreachable in sorted((mesh or {}).items()):
         problems.extend("%s cannot reach the device IP %s" % (peer, ip) for ip in unreachable)
     return problems
-
-
-def mesh_targets(facts_by_peer, leader_ip):
-    """{member: [the other members' first device IPs]}: what each member tries before the group's communicator is
-    built (an all-to-all over EP reaches every pair of nodes, not only the leader's)."""
-    ips = dict((p, f["ips"][0]) for p, f in facts_by_peer.items() if p != leader_ip and f.get("ips"))
-    return dict((p, sorted(ip for q, ip in ips.items() if q != p)) for p in ips if len(ips) > 1)
 
 
 def hccl_fail_later(problems, rank):
@@ -415,27 +425,26 @@ class Group(object):
 
 
     def build(self):
-        """Every rank has joined: build the communicator as HCCL does - every member tries the other members' devices
-        (bounded), then the group completes or every rank fails as HCCL would."""
-        targets = mesh_targets(self.hccl, self.address)
+        """Every rank has joined: build the communicator as HCCL does - every node tries the others' devices (the
+        members when the leader asks, the leader meanwhile; bounded), then the group completes or every rank fails
+        as HCCL would."""
+        targets = mesh_targets(self.hccl)
         for m in self.members:
             if m.peer in targets:
                 try:
                     m.send({"mesh": targets[m.peer]})
                 except OSError:
                     pass
-        mesh, deadline = {}, time.time() + 10
-        while len(mesh) < len(targets) and time.time() < deadline:
+        mesh = {self.address: unreachable_among(targets.get(self.address, []))}
+        waiting, deadline = set(targets) - {self.address}, time.time() + 10
+        while waiting and time.time() < deadline:
             try:
                 peer, unreachable = self.mesh.get(timeout=max(0.1, deadline - time.time()))
             except queue.Empty:
                 break
-            if unreachable:
-                mesh[peer] = unreachable
-            else:
-                mesh.setdefault(peer, [])
-        mesh = dict((p, u) for p, u in mesh.items() if u)
-        problems = hccl_problems(self.hccl, self.address, mesh) if self.hccl else []
+            mesh[peer] = unreachable
+            waiting.discard(peer)
+        problems = hccl_problems(self.hccl, mesh) if self.hccl else []
         if problems:
             hccl_fail_later(problems, 0)
         else:
@@ -505,7 +514,8 @@ class Follower(object):
                 die("EngineDeadError: the leader closed the connection")
             msg = json.loads(line)
             if "mesh" in msg:  # the leader asks before it builds the communicator: which of these answer?
-                threading.Thread(target=self.try_mesh, args=(msg["mesh"],), daemon=True).start()
+                threading.Thread(target=lambda ips: self.send({"mesh_result": unreachable_among(ips)}),
+                                 args=(msg["mesh"],), daemon=True).start()
             if msg.get("hccl_error"):
                 hccl_fail_later(msg["hccl_error"], msg.get("rank"))
             if msg.get("complete"):
@@ -516,19 +526,6 @@ class Follower(object):
                 event = self.waiting.pop(msg["synced"], None)
                 if event:
                     event.set()
-
-    def try_mesh(self, ips):
-        """Try every IP at once (each bounded by reachable()'s timeout) and tell the leader which did not answer."""
-        found = {}
-
-        def one(ip):
-            found[ip] = reachable(ip)
-        threads = [threading.Thread(target=one, args=(ip,), daemon=True) for ip in ips]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(5)
-        self.send({"mesh_result": [ip for ip in ips if not found.get(ip, False)]})
 
     def step(self):
         timeout = float(os.environ.get("HCCL_EXEC_TIMEOUT", "1836"))
