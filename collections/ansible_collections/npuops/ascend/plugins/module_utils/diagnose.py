@@ -280,7 +280,7 @@ def chip_health_lines(text):
     from ansible_collections.npuops.ascend.plugins.module_utils import npu_smi  # node side only
     try:
         chips = npu_smi.parse_info(text)["chips"]
-    except Exception:  # a driver that answers garbage says so elsewhere (dmesg, the engines' errors)
+    except (npu_smi.NpuSmiError, ValueError, IndexError):  # a driver that answers garbage says so elsewhere
         return []
     row = "npu-smi info: NPU %s chip %s (phy %s) health %s"
     return [row % (c["card"], c["chip"], c.get("table_phy_id"), c["health"])

@@ -257,6 +257,8 @@ def test_chips_whose_health_is_not_ok_become_lines_the_signatures_read(signature
     with open(os.path.join(HERE, "fixtures", "npu_smi", "a3_info.txt")) as f:
         healthy = f.read()
     assert diagnose.chip_health_lines(healthy) == []
+    with open(os.path.join(HERE, "fixtures", "npu_smi", "dcmi_failure.txt")) as f:
+        assert diagnose.chip_health_lines(f.read()) == []  # a wedged driver says so in dmesg and the engines' errors
     # the second chip of NPU 1 (physical id 3) raises an alarm
     rows = healthy.splitlines()
     i = [n for n, row in enumerate(rows) if row.startswith("| 1     3                   | 0000:9B")][0]
