@@ -120,7 +120,7 @@ def test_a_worker_killed_while_the_leader_waits_ends_every_wait_within_60s(clust
     before = started(cluster)
     proc = subprocess.Popen([BIN + "/ansible-playbook", "-i", cluster.inventory] + slow + CHANGE + DOWNTIME +
                             ["playbooks/deploy.yml"], cwd=REPO, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 180
         while time.time() < deadline:  # wait until the restarted engines are loading

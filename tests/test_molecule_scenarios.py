@@ -28,7 +28,7 @@ def test_molecule_scenario(scenario, tmp_path):
     log = tmp_path / ("molecule-%s.log" % scenario)
     with open(log, "w") as out:
         proc = subprocess.run([BIN + "/molecule", "test", "-s", scenario], cwd=REPO, env=env(), stdout=out,
-                              stderr=subprocess.STDOUT, timeout=1800)
+                              stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=1800)
     text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text())
     assert proc.returncode == 0, "molecule scenario %s failed (log %s):\n%s" % (scenario, log, text[-6000:])
     # every step of the scenario's sequence ran (a scenario that skipped its verifier would pass too)

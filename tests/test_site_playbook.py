@@ -142,7 +142,7 @@ def test_the_example_script_drives_a_stage_and_prints_the_outcome(cluster, tmp_p
     proc = subprocess.run(
         [sys.executable, "examples/runner_rollout.py", "-i", cluster.inventory, "--tags", "validate",
          "--private-data-dir", str(tmp_path / "runner"), "-e", "@%s" % extra],
-        cwd=REPO, env=env(), text=True, capture_output=True, timeout=600)
+        cwd=REPO, env=env(), text=True, capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["status"] == "successful"

@@ -167,7 +167,7 @@ def test_a_killed_copy_resumes_and_resends_less_than_one_file(cluster):
     ns = cluster.state["nodes"][victim]["netns"]
     os.system("ip netns exec %s tc qdisc add dev enp61s0f0 root tbf rate 400mbit burst 256kb latency 50ms" % ns)
     play = subprocess.Popen([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/weights.yml"],
-                            env=env(), cwd=REPO, stdout=subprocess.DEVNULL,
+                            env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 120
@@ -355,7 +355,7 @@ class Throttled(object):
 def start_playbook(c, log, *extra):
     return subprocess.Popen([BIN + "/ansible-playbook", "-i", c.inventory, "playbooks/weights.yml"] + list(extra),
                             env=env(), cwd=REPO, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def wait_for(cond, timeout, what):

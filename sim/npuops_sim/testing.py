@@ -39,6 +39,9 @@ def env():
 
 
 def run(argv, timeout=600, check=True, **kw):
+    if "input" not in kw:
+        # a stdin of its own: ssh makes the one it inherits non-blocking, and ansible-playbook refuses to start on that
+        kw.setdefault("stdin", subprocess.DEVNULL)
     proc = subprocess.run(argv, env=env(), cwd=REPO, text=True, capture_output=True, timeout=timeout, **kw)
     if check and proc.returncode != 0:
         raise AssertionError("%s failed (rc=%d)\nstdout:\n%s\nstderr:\n%s"
