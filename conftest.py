@@ -7,21 +7,22 @@ together instead of one lane starting a long file last."""
 # per file; approximate, ordering only). Files not listed keep their place after these. pytest-xdist would reorder
 # the files by their number of tests: tools/test.sh passes --no-loadscope-reorder so that this order holds.
 FILE_SECONDS = {
-    "test_weights_playbook.py": 814,
-    "test_site_playbook.py": 525,
-    "test_molecule_scenarios.py": 463,
-    "test_gateway.py": 428,
-    "test_deploy_playbook.py": 334,
-    "test_status_recover.py": 190,
-    "test_diagnose_playbook.py": 160,  # measured alone
-    "test_validate_playbook.py": 91,
-    "test_diagnose_16.py": 77,  # measured alone
-    "test_a2_tier.py": 57,  # measured alone
-    "test_container_engines.py": 91,
-    "test_monitor_playbook.py": 59,
-    "test_preflight_playbook.py": 52,
-    "test_cluster.py": 52,
-    "test_lifecycle.py": 26,
+    "test_weights_playbook.py": 958,
+    "test_site_playbook.py": 586,
+    "test_molecule_scenarios.py": 529,
+    "test_gateway.py": 493,
+    "test_deploy_playbook.py": 382,
+    "test_status_recover.py": 273,
+    "test_diagnose_playbook.py": 201,
+    "test_validate_playbook.py": 178,
+    "test_container_engines.py": 124,
+    "test_monitor_playbook.py": 110,
+    "test_diagnose_16.py": 96,
+    "test_a2_tier.py": 91,
+    "test_cluster.py": 62,
+    "test_preflight_playbook.py": 51,
+    "test_xpyd.py": 45,  # measured alone
+    "test_lifecycle.py": 27,
 }
 
 

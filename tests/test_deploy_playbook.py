@@ -206,3 +206,16 @@ def test_a_foreign_container_named_vllm_is_refused_by_deploy_and_stop_and_keeps_
             assert cluster.started(["node02"])["node02"] == foreign and " running " in foreign
     finally:
         cluster.ssh("node02", "podman rm -f vllm", check=False)
+
+
+def test_a_1m_context_on_four_nodes_is_refused_naming_the_rule_before_any_engine_changes(cluster):
+    """The vLLM-Ascend Kimi-K3 page: "Serving a 1M-token context requires at least eight Atlas 800 A3 (64G x 16)
+    nodes": the plan refuses it on this four-node cluster, and what runs keeps running."""
+    before = started(cluster)
+    out = deploy(cluster, "-e", '{"npuops_model_overrides": {"max_model_len": 1048576}}', check=False)
+    text = " ".join(out.stdout.split())
+    assert out.returncode != 0 and "The tier cannot serve the model as planned:" in text, out.stdout[-3000:]
+    assert re.search(r"tier 4node_dp, group main \(TP16 x PP1 x DP4\): the KV cache holds \d+ tokens on 64 dies, less "
+                     r"than one sequence of max_model_len 1048576", text)
+    assert "requires at least eight Atlas 800 A3 (64G x 16) nodes (tier 8node_dp" in text
+    assert started(cluster) == before

@@ -1,5 +1,6 @@
 """The example inventories describe real clusters: they are only used with playbooks that contact no host."""
 import json
+import re
 
 import pytest
 
@@ -12,6 +13,8 @@ from npuops_sim.testing import BIN, run
     ("a3-8p8d", 16, "http://192.168.100.11:8080"),
     ("a3-8node-ha", 8, "http://192.168.100.250:8000"),
     ("a2-8node", 8, "http://192.168.110.11:8000"),
+    ("a3-8node-1m", 8, "http://192.168.120.11:8000"),
+    ("a3-4p2d", 6, "http://192.168.130.11:8080"),
 ])
 def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
     out = tmp_path / "plan.json"
@@ -24,7 +27,10 @@ def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
     for host, entry in plan["hosts"].items():
         assert entry["recipe"] and all((d["why"] or "").startswith("deviation ") for d in entry["recipe_diff"]), host
     leaders = [h for h, e in plan["hosts"].items() if e["role"] == "leader"]
-    assert len(leaders) == (2 if inventory in ("a3-8p8d", "a3-8node-ha") else 1)
+    assert len(leaders) == (2 if inventory in ("a3-8p8d", "a3-8node-ha", "a3-4p2d") else 1)
+    if inventory == "a3-4p2d":
+        assert plan["instances"]["main"]["shape"] == "4P2D"
+        assert plan["instances"]["main"]["proxy"]["container"]["argv"][-3:] == ["--decoder-ports", "8000", "8000"]
     if inventory == "a3-8node-ha":
         assert plan["instances"]["a"]["endpoint"] == "http://192.168.100.11:8000"
         assert plan["instances"]["b"]["endpoint"] == "http://192.168.100.15:8000"
@@ -74,6 +80,27 @@ def test_a_boolean_given_as_a_string_on_the_command_line_means_what_it_says(tmp_
     _plan, proc = plan_of(tmp_path, "a3-4node", "-e", "npuops_serve_privileged=ture", check=False)
     assert proc.returncode != 0  # the role's argument spec refuses it before anything is planned
     assert "argument 'npuops_serve_privileged'" in proc.stdout and "'ture' is not a valid boolean" in proc.stdout
+
+
+def test_a_1m_context_on_four_nodes_is_refused_naming_the_rule_and_eight_nodes_plan_it(tmp_path):
+    """The vLLM-Ascend Kimi-K3 page: "Serving a 1M-token context requires at least eight Atlas 800 A3 (64G x 16)
+    nodes" (DP8, --max-model-len 1048576, --max-num-batched-tokens 8192 on every node)."""
+    _plan, proc = plan_of(tmp_path, "a3-4node", "-e", '{"npuops_model_overrides": {"max_model_len": 1048576}}',
+                          check=False)
+    assert proc.returncode != 0
+    assert "The tier cannot serve the model as planned:" in proc.stdout
+    assert re.search(r"tier 4node_dp, group main \(TP16 x PP1 x DP4\): the KV cache holds \d+ tokens on 64 dies, "
+                     r"less than one sequence of max_model_len 1048576", proc.stdout), proc.stdout[-3000:]
+    assert "requires at least eight Atlas 800 A3 (64G x 16) nodes (tier 8node_dp, recipe " \
+        "vllm_ascend_kimi_k3_8node_a3_1m)" in " ".join(proc.stdout.split())
+    plan, _proc = plan_of(tmp_path, "a3-8node-1m")
+    for i in range(1, 9):
+        argv = plan["hosts"]["a3-node-%02d" % i]["container"]["argv"]
+        assert argv[argv.index("--data-parallel-size") + 1] == "8" and argv[argv.index("--max-model-len") + 1] == \
+            "1048576" and argv[argv.index("--max-num-batched-tokens") + 1] == "8192"
+        assert (argv[argv.index("--data-parallel-start-rank") + 1] if i > 1 else None) == (str(i - 1) if i > 1
+                                                                                            else None)
+        assert ("--data-parallel-start-rank" in argv) == ("--headless" in argv) == (i > 1)
 
 
 def test_the_plan_shows_an_override_as_a_difference_from_the_recipe(tmp_path):

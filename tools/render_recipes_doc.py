@@ -52,6 +52,9 @@ def render():
            "CANN toolkit and of vllm-ascend's custom operators) run in the engine's container: its command is "
            "`/bin/bash -c '<line> && <line> && exec \"$@\"' npuops-recipe-setup vllm serve ...`, so each must "
            "succeed and the command's argv stays as rendered.", "",
+           "A source that publishes a configuration as another one with some values changed (the Kimi-K3 page's "
+           "1M-context note) is a recipe with `base` (that recipe) and `changes` (flag: value, each replaced in every "
+           "role's command; each flag must appear once in the base's command).", "",
            "The inventory chooses one with `npuops_recipe`; without it, the tier and model preset's default is used. "
            "`playbooks/plan.yml` prints, per host, every flag and environment key that differs from the recipe and "
            "why, e.g. with `-e '{\"npuops_model_overrides\": {\"max_num_seqs\": 32}}'`:", "",
@@ -78,6 +81,11 @@ def render():
                 "- Variables: %s" % (", ".join("`$%s` = %s" % (k, v) for k, v in r["variables"].items()) or "none"),
                 "- Ports: %s" % (", ".join("%s %s" % kv for kv in (r.get("ports") or {}).items()) or "the tier's"),
                 ""]
+        if r.get("base"):
+            out += ["The source publishes it as recipe [`%s`](#%s) with these values changed in every role's command "
+                    "(`base` and `changes`; the commands below are the result):" % (
+                        r["base"], r["base"].replace("_", "-").lower()), "",
+                    "| Flag | Value |", "|---|---|"] + ["| `%s` | `%s` |" % kv for kv in r["changes"].items()] + [""]
         if r.get("setup"):
             out += ["Run first, in every role's container:", "", code("\n".join(r["setup"])), ""]
         if r.get("env"):

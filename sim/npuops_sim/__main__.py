@@ -56,6 +56,9 @@ def main(argv=None):
     up.add_argument("--fault", type=parse_fault, action="append", default=[])
     up.add_argument("--inventory", help="write the Ansible inventory of the nodes here")
     up.add_argument("--tier", help="npuops_tier to write into the inventory (default: from the node count)")
+    up.add_argument("--prefill-nodes", type=int, default=None,
+                    help="with a prefill/decode --tier: xPyD, the first N nodes of each instance prefill, the rest "
+                         "decode (default: the tier's own sizes)")
     up.add_argument("--replicas", type=int, default=int(os.environ.get("SIM_REPLICAS", "1") or 1),
                     help="instances of the tier in the inventory (NODES / REPLICAS nodes each: instance_a, ...)")
     up.add_argument("--monitors", type=int, default=0,
@@ -93,7 +96,7 @@ def main(argv=None):
                                   tier=args.tier, superpod=args.superpod, ping_interval=args.ping_interval or None,
                                   replicas=args.replicas,
                                   gateways=args.gateways if args.gateways is not None else (2 if args.replicas > 1 else 0),
-                                  monitors=args.monitors)
+                                  monitors=args.monitors, prefill_nodes=args.prefill_nodes)
             for s in specs:
                 print("  %s  ssh root@%s  fabric %s  netns %s" % (s.name, s.mgmt_ip, s.fabric_ip, s.netns))
             if args.inventory:

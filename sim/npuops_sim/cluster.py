@@ -130,7 +130,7 @@ class Cluster:
 
     # ----------------------------------------------------------------- up
     def up(self, count, generation="a3", faults=(), inventory=None, tier=None, superpod=False, ping_interval=None,
-           gateways=0, replicas=1, monitors=0):
+           gateways=0, replicas=1, monitors=0, prefill_nodes=None):
         if os.geteuid() != 0:
             raise SimError("the simulator needs root (network and mount namespaces); run it as root")
         if replicas < 1 or count % replicas:
@@ -169,7 +169,7 @@ class Cluster:
             for item in faults:
                 self.fault(**item)
             if inventory:
-                self.write_inventory(inventory, specs, generation, tier, replicas)
+                self.write_inventory(inventory, specs, generation, tier, replicas, prefill_nodes)
         except BaseException:
             self.log("sim up failed; tearing down what was created")
             self.down()
@@ -381,7 +381,9 @@ class Cluster:
             return "(no log)"
 
     # ----------------------------------------------------------------- inventory
-    def write_inventory(self, path, specs, generation, tier=None, replicas=1):
+    def write_inventory(self, path, specs, generation, tier=None, replicas=1, prefill_nodes=None):
+        """``prefill_nodes``: a prefill/decode tier as xPyD, the first N nodes of each instance prefill and the rest
+        decode (npuops_prefill_nodes / npuops_decode_nodes in the inventory)."""
         docs = tier_documents()
         npu = [s for s in specs if not s.gateway]
         gateways = [s for s in specs if s.group == "gateway"]
@@ -393,6 +395,13 @@ class Cluster:
                      and str(doc.get("generation", "A3")).upper() == str(generation).upper()]
             tier = sized[0] if len(sized) == 1 else None
         doc = docs.get(tier) if tier else None
+        pd_sizes = {}
+        if doc and prefill_nodes:
+            sides = [g for g in doc["groups"] if g.get("kv_role")]
+            if len(sides) != 2 or not 0 < prefill_nodes < size:
+                raise SimError("--prefill-nodes %d needs a prefill/decode tier and 1..%d" % (prefill_nodes, size - 1))
+            pd_sizes = {sides[0]["name"]: prefill_nodes, sides[1]["name"]: size - prefill_nodes}
+            doc = dict(doc, groups=[dict(g, nodes=pd_sizes.get(g["name"], g["nodes"])) for g in doc["groups"]])
         ssh = self.ssh_dir()
         lines = [
             "# Written by `make sim-up` (npuops_sim) for the simulated cluster on this machine; not committed.",
@@ -408,6 +417,7 @@ class Cluster:
         ]
         if tier:
             lines.append("    npuops_tier: %s" % tier)
+        lines += ["    npuops_%s_nodes: %d" % kv for kv in sorted(pd_sizes.items())]
         if gateways:
             lines.append("    npuops_gateway_vip: %s" % self.plan.gateway_vip())
         instances = [npu[k * size:(k + 1) * size] for k in range(replicas)]

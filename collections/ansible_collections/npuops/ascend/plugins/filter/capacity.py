@@ -86,8 +86,10 @@ def plan(preset, tp, pp=1, dp=1, expert_parallel=False, hbm_total_mb=65536, over
             "weights (%.1f GiB) and runtime overhead (%.1f GiB) leave no KV cache in %.1f GiB per die; raise "
             "gpu_memory_utilization or use more dies" % (per_die / GIB, overhead / GIB, usable / GIB))
     elif max_len and kv_tokens < max_len:
-        out["errors"].append("the KV cache holds %d tokens, less than one sequence of max_model_len %d; vLLM "
-                             "refuses to start: lower max_model_len" % (kv_tokens, max_len))
+        rule = " (%s)" % p["context_rule"] if p.get("context_rule") else ""
+        out["errors"].append("the KV cache holds %d tokens on %d dies, less than one sequence of max_model_len %d; "
+                             "vLLM refuses to start: lower max_model_len or use more nodes%s"
+                             % (kv_tokens, out["dies"], max_len, rule))
     elif max_len and max_seqs and max_len * max_seqs > kv_tokens:
         out["warnings"].append(
             "max_model_len %d x max_num_seqs %d = %d tokens exceeds the KV estimate of %d tokens per DP replica: "
@@ -109,6 +111,18 @@ def capacity_by_group(groups, preset, hbm_total_mb=65536, contexts=None):
     return dict((g["name"], capacity_plan(preset, g, hbm_total_mb, contexts=contexts)) for g in groups)
 
 
+def capacity_problems(tier, preset, hbm_total_mb=65536):
+    """The capacity errors of every engine group of a tier, each naming the tier and the group: what the plan refuses
+    before any host is contacted (at the nominal HBM; preflight repeats the estimate with the HBM it reads)."""
+    out = []
+    for g in tier.get("groups") or []:
+        for error in capacity_plan(preset, g, hbm_total_mb)["errors"]:
+            out.append("tier %s, group %s (TP%s x PP%s x DP%s): %s" % (tier.get("name"), g["name"], g.get("tp", 1),
+                                                                       g.get("pp", 1), g.get("dp", 1), error))
+    return out
+
+
 class FilterModule(object):
     def filters(self):
-        return {"capacity_plan": capacity_plan, "capacity_by_group": capacity_by_group}
+        return {"capacity_plan": capacity_plan, "capacity_by_group": capacity_by_group,
+                "capacity_problems": capacity_problems}

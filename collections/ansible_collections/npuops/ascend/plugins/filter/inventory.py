@@ -168,7 +168,10 @@ def validate(groups, hostvars, presets, tiers=None):
     if tier is None:
         problems.append("npuops_tier = %r is not a tier; set it to one of %s" % (tier_name, ", ".join(sorted(tiers))))
     else:
-        problems.extend(topology.tier_problems(tier))
+        count_problems = node_count_problems(tier, nodes, hostvars)
+        problems.extend(count_problems)
+        tier = None if count_problems else topology.sized(tier, hostvars, first)
+        problems.extend(topology.tier_problems(tier) if tier else [])
     model = hostvar(hostvars, first, "npuops_model")
     if model not in presets:
         problems.append("npuops_model = %r is not a model preset; use one of %s (or add a preset to "
@@ -395,6 +398,7 @@ def port_variables(tiers):
     for tier in tiers.values():
         names.update(topology.port_variable(name) for name in tier.get("ports") or {})
         names.update(topology.kv_port_variable(g) for g in tier["groups"] if g.get("kv_role"))
+        names.update(topology.node_count_variable(g) for g in tier["groups"] if g.get("kv_role"))
     return names
 
 
@@ -470,17 +474,36 @@ def variable_problems(hosts, hostvars, tiers):
     return problems
 
 
+def node_count_problems(tier, nodes, hostvars):
+    """``npuops_<group>_nodes`` of a prefill/decode group (xPyD): a whole number from 1 to 64, the same on every host."""
+    out = []
+    for g in tier.get("groups") or []:
+        if not g.get("kv_role"):
+            continue
+        var = topology.node_count_variable(g)
+        differs = _differs(nodes, hostvars, var, "")
+        if differs:
+            out.extend(differs)
+            continue
+        p = values.number_problem(nodes[0], var, hostvar(hostvars, nodes[0], var, g["nodes"]), 1, 64)
+        if p:
+            out.append(p)
+    return out
+
+
 def validate_inventory(groups, hostvars, presets):
     return validate(groups, hostvars, presets)
 
 
-def tier_document(name, recipe=None):
+def tier_document(name, recipe=None, hostvars=None, host=None):
     """The tier document ``data/tiers/<name>.yml`` of the collection, with the ports the recipe's source gives as
-    its defaults (the inventory's npuops_<name>_port still wins)."""
+    its defaults (the inventory's npuops_<name>_port still wins) and, given the inventory's ``hostvars`` and a host
+    of npu_nodes, the prefill/decode node counts it sets (``npuops_<group>_nodes``, the same on every host)."""
     tiers = catalog.tiers()
     if name not in tiers:
         raise AnsibleFilterError("tier_document: %r is not a tier; the tiers are %s" % (name, ", ".join(sorted(tiers))))
-    return recipes.tier_with_recipe(tiers[name], recipe)
+    tier = recipes.tier_with_recipe(tiers[name], recipe)
+    return topology.sized(tier, hostvars, host) if hostvars is not None and host else tier
 
 
 class FilterModule(object):

@@ -37,7 +37,18 @@ class RenderError(Exception):
     pass
 
 
-def plan_values(entry, ports, hostvars, host, model, options, dies):
+def pd_sizes(instance):
+    """{prefill_tp, prefill_dp, decode_tp, decode_dp} of a prefill/decode instance (what kv_connector_extra_config
+    says of both sides), None values otherwise."""
+    out = dict.fromkeys(("prefill_tp", "prefill_dp", "decode_tp", "decode_dp"))
+    for g in instance["groups"].values():
+        side = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(g.get("kv_role"))
+        if side:
+            out.update({side + "_tp": g["tp"], side + "_dp": g["dp"]})
+    return out
+
+
+def plan_values(entry, ports, hostvars, host, model, options, dies, pd=None):
     """The plan's values a recipe's variables and the deviation rows name (docs/recipes.md lists them)."""
     engine_id = None
     if entry.get("kv_role"):
@@ -56,6 +67,7 @@ def plan_values(entry, ports, hostvars, host, model, options, dies):
         "dp_start_rank": entry["dp_start_rank"], "node_rank": entry["node_rank"], "nodes": entry["nodes"],
         "kv_port": entry.get("kv_port"), "engine_id": engine_id,
         "visible_devices": ",".join(str(i) for i in range(dies)),
+        **(pd or {})
     }
 
 
@@ -68,7 +80,9 @@ def engine_command(entry, recipe, values, model, overrides, vllm_overrides, env_
     spec, env = copy.deepcopy(recipe_spec), dict(recipe_env)
     reasons = {}
     for row in recipes.apply_deviations(recipe, role, entry, values, spec, env, rows):
-        reasons[("flag", row["flag"]) if "flag" in row else ("env", row["env"])] = "deviation " + row["id"]
+        where = ("flag", row["flag"]) if "flag" in row else ("env", row["env"])
+        # rows that change one JSON flag in turn are all named
+        reasons[where] = (reasons[where] + ", " if where in reasons else "") + "deviation " + row["id"]
     for key in sorted(overrides or {}):
         if key in vllm_cli.FLAGS and model.get(key) is not None:
             if key == "kv_cache_dtype" and model[key] == "auto":
@@ -129,7 +143,7 @@ def serve_containers(plan, hostvars, tier, model, options):
     out = {}
     for host, entry in sorted(plan["hosts"].items()):
         instance = plan["instances"][entry["instance"]]
-        plan_vals = plan_values(entry, instance["ports"], hostvars, host, model, options, dies)
+        plan_vals = plan_values(entry, instance["ports"], hostvars, host, model, options, dies, pd_sizes(instance))
         try:
             spec, env, recipe_spec, recipe_env, reasons = engine_command(
                 entry, recipe, plan_vals, model, options.get("model_overrides"),
@@ -257,7 +271,8 @@ def plan_report(containers, plan):
         proxy = None
         if inst.get("proxy"):
             proxy = {"host": inst["proxy"]["host"], "container": _shown(containers[inst["proxy"]["host"]]["proxy"])}
-        instances[name] = {"hosts": inst["hosts"], "endpoint": inst["endpoint"], "proxy": proxy}
+        instances[name] = {"hosts": inst["hosts"], "endpoint": inst["endpoint"], "proxy": proxy,
+                           "shape": inst.get("shape")}
     return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "instances": instances,
             "gateway": plan.get("gateway")}
 

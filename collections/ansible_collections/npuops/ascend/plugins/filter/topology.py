@@ -144,6 +144,36 @@ def instance_ports(tier, hostvars, first):
                 for name, default in (tier.get("ports") or {}).items())
 
 
+def node_count_variable(group):
+    return "npuops_%s_nodes" % group["name"]
+
+
+def sized(tier, hostvars, first):
+    """The tier as one instance runs it. A prefill/decode group's node count is the inventory's
+    ``npuops_<group>_nodes`` when set (xPyD: prefill and decode scale independently; the document's 8P8D by default),
+    its DP follows (nodes x dp_local), and so do the ranks, the ports and the proxy's lists. Read from the instance's
+    first host; the validator has checked the values."""
+    groups, changed = [], False
+    for g in tier.get("groups") or []:
+        if g.get("kv_role"):
+            n = int(hostvar(hostvars, first, node_count_variable(g), g["nodes"]))
+            if n != int(g["nodes"]):
+                g = dict(g, nodes=n, dp=n * int(g.get("dp_local", 1)))
+                changed = True
+        groups.append(g)
+    if not changed:
+        return tier
+    return dict(tier, groups=groups, nodes=sum(int(g["nodes"]) for g in groups))
+
+
+def shape(tier):
+    """``8P8D`` for a prefill/decode tier (nodes of each side), None otherwise."""
+    sides = dict((g.get("kv_role"), int(g["nodes"])) for g in tier.get("groups") or [] if g.get("kv_role"))
+    if "kv_producer" not in sides or "kv_consumer" not in sides:
+        return None
+    return "%dP%dD" % (sides["kv_producer"], sides["kv_consumer"])
+
+
 def group_kv_port(group, hostvars, first):
     return int(hostvar(hostvars, first, kv_port_variable(group), group["kv_port"]))
 
@@ -228,7 +258,8 @@ def _plan_group(group, members, instance, tier, ports, hostvars, hosts, dies):
         entry["ports_free"] = sorted(free)
         hosts[host] = entry
     return {"key": group_key(instance, group["name"]), "hosts": list(members), "leader": leader,
-            "leader_address": leader_ip, "launch": launch, "kv_role": group.get("kv_role")}
+            "leader_address": leader_ip, "launch": launch, "kv_role": group.get("kv_role"),
+            "tp": int(group["tp"]), "dp": int(group.get("dp", 1))}
 
 
 def _plan_proxy(tier, instance, plan_groups, hostvars, hosts, first):
@@ -255,16 +286,17 @@ def plan(groups, hostvars, tier):
     hosts = {}
     instances = {}
     for name, members in instances_of(groups, hostvars).items():
-        ports = instance_ports(tier, hostvars, members[0])
+        itier = sized(tier, hostvars, members[0])
+        ports = instance_ports(itier, hostvars, members[0])
         plan_groups = {}
-        for g in tier["groups"]:
+        for g in itier["groups"]:
             ghosts = group_hosts(g, groups, members)
             if len(ghosts) != int(g["nodes"]):
                 raise PlanError("instance %s: group %s needs %s hosts of %s, it has %d (%s)" % (
                     name, g["name"], g["nodes"], g.get("inventory_group"), len(ghosts), ", ".join(ghosts) or "none"))
-            plan_groups[g["name"]] = _plan_group(g, ghosts, name, tier, ports, hostvars, hosts, dies)
-        proxy = _plan_proxy(tier, name, plan_groups, hostvars, hosts, members[0]) if tier.get("proxy") else None
-        serving = [h for g in tier["groups"] for h in plan_groups[g["name"]]["hosts"] if hosts[h]["serves_http"]]
+            plan_groups[g["name"]] = _plan_group(g, ghosts, name, itier, ports, hostvars, hosts, dies)
+        proxy = _plan_proxy(itier, name, plan_groups, hostvars, hosts, members[0]) if itier.get("proxy") else None
+        serving = [h for g in itier["groups"] for h in plan_groups[g["name"]]["hosts"] if hosts[h]["serves_http"]]
         api_urls = ["http://%s:%d" % (hosts[h]["node_ip"], hosts[h]["api_port"]) for h in serving]
         endpoint = "http://%s:%d" % (proxy["address"], proxy["port"]) if proxy else api_urls[0]
         front = proxy["host"] if proxy else serving[0]
@@ -272,7 +304,8 @@ def plan(groups, hostvars, tier):
             "hosts": list(members),
             "ports": ports,
             "groups": plan_groups,
-            "leader": plan_groups[tier["groups"][0]["name"]]["leader"],
+            "leader": plan_groups[itier["groups"][0]["name"]]["leader"],
+            "shape": shape(itier),
             "proxy": proxy,
             "endpoint": endpoint,
             "front_host": front,  # the host whose listener is the front door

@@ -15,6 +15,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import copy
 import json
 import os
 import re
@@ -39,7 +40,40 @@ def names():
 def load(name):
     if name not in names():
         raise RecipeError("recipe %r is not one of %s (data/recipes)" % (name, ", ".join(names())))
-    return catalog.load("recipes/" + name)
+    return resolve(catalog.load("recipes/" + name), lambda base: catalog.load("recipes/" + base))
+
+
+def resolve(doc, load_raw):
+    """A recipe document as it runs. A source that publishes a configuration as another one with some values changed
+    (the Kimi-K3 page's 1M-context note: "Change the following parameters on every node") is a recipe with ``base``
+    (that recipe's name) and ``changes`` ({flag: value}): the base's roles with each flag's value replaced in every
+    command, the derived document's own fields (name, source, tier, ...) over the base's. Each flag must appear once
+    in each command: a base whose command changed is an error, not a silent mismatch."""
+    if not doc.get("base"):
+        return doc
+    where = "recipe %s" % doc.get("name")
+    if doc["base"] not in names():
+        raise RecipeError("%s: base %r is not one of %s (data/recipes)" % (where, doc["base"], ", ".join(names())))
+    base = load_raw(doc["base"])
+    if base.get("base"):
+        raise RecipeError("%s: base %s is itself derived; derive from a published recipe" % (where, doc["base"]))
+    out = copy.deepcopy(base)
+    out.update(doc)
+    out["roles"] = dict((role, dict(spec, command=changed(spec["command"], doc.get("changes") or {},
+                                                          "%s, role %s" % (where, role))))
+                        for role, spec in base["roles"].items())
+    return out
+
+
+def changed(command, changes, where):
+    """``command`` with the value of each flag of ``changes`` replaced (``--flag value`` or ``--flag=value``)."""
+    for flag, value in changes.items():
+        pattern = re.compile(r"(?<!\S)(%s)([ =])(\S+)" % re.escape(flag))
+        if len(pattern.findall(command)) != 1:
+            raise RecipeError("%s: %s appears %d times in the base's command, a change needs it once"
+                              % (where, flag, len(pattern.findall(command))))
+        command = pattern.sub(lambda m: m.group(1) + m.group(2) + str(value), command)
+    return command
 
 
 def deviations():
@@ -48,7 +82,8 @@ def deviations():
 
 def all_recipes():
     """{name: recipe document} of every data/recipes/*.yml."""
-    return dict((name, catalog.load("recipes/" + name)) for name in names())
+    raw = dict((name, catalog.load("recipes/" + name)) for name in names())
+    return dict((name, resolve(doc, raw.get)) for name, doc in raw.items())
 
 
 def default_for(tier, model, docs=None):
@@ -239,7 +274,7 @@ def apply_deviations(recipe, role, entry, values, spec, env, rows=None):
         elif "merge" in row:
             if not isinstance(target.get(key), dict):
                 continue
-            merged = dict(target[key], **fill(row["merge"], values))
+            merged = deep_merge(target[key], fill(row["merge"], values))
             if merged == target[key]:
                 continue
             target[key] = merged
@@ -254,9 +289,24 @@ def apply_deviations(recipe, role, entry, values, spec, env, rows=None):
     return applied
 
 
+def deep_merge(base, extra):
+    """``base`` with ``extra``'s keys, dicts merged key by key (a nested JSON flag keeps what a row does not name)."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+NUMBER_PLACEHOLDER = re.compile(r"^\{(\w+):d\}$")
+
+
 def fill(value, values):
-    """A row's value with its {plan value} placeholders filled, inside dicts and lists too."""
+    """A row's value with its {plan value} placeholders filled, inside dicts and lists too; a value that is one
+    ``{name:d}`` placeholder is that plan value as a number (a JSON number where the source writes one)."""
     if isinstance(value, str):
+        number = NUMBER_PLACEHOLDER.match(value)
+        if number:
+            return int(values[number.group(1)])
         return value.format(**values)
     if isinstance(value, dict):
         return dict((k, fill(v, values)) for k, v in value.items())

@@ -269,6 +269,25 @@ def check_weights(path):
     return total, len(shards)
 
 
+def mooncake_sizes(kv):
+    """MooncakeConnectorWorker._get_prefill_decode_size and its __init__ (vllm-ascend releases/v0.23.0,
+    vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py): both sides' tp_size and dp_size must be in
+    kv_connector_extra_config (bare asserts), and prefill TP below decode TP is refused."""
+    connectors = [kv] + list((kv.get("kv_connector_extra_config") or {}).get("connectors") or [])
+    for c in connectors:
+        if c.get("kv_connector") != "MooncakeConnectorV1":
+            continue
+        extra = c.get("kv_connector_extra_config") or {}
+        for side in ("prefill", "decode"):
+            for key in ("tp_size", "dp_size"):
+                if key not in (extra.get(side) or {}):
+                    die("AssertionError (mooncake_connector.py _get_prefill_decode_size: assert %r in %s_parallel_config)"
+                        % (key, side))
+        if extra["prefill"]["tp_size"] < extra["decode"]["tp_size"]:
+            die("ValueError: prefill_tp_size: %s must be greater than or equal to the decode_tp_size: %s"
+                % (extra["prefill"]["tp_size"], extra["decode"]["tp_size"]))
+
+
 def load_weights(total, shards):
     # NPUOPS_SIM_LOAD_SECONDS (test infrastructure, given through the engine's environment) stretches the load
     # to what a 1.5 TB checkpoint takes, so tests can act while the engines load
@@ -573,6 +592,7 @@ def run(args):
         if dp % dp_local:
             die("ValueError: data_parallel_size %d is not a multiple of data_parallel_size_local %d" % (dp, dp_local))
         local_world = tp * pp * dp_local
+    mooncake_sizes(kv)
     if pp > 1 and dp > 1:
         die("NotImplementedError: pipeline parallelism together with data parallelism across nodes is not "
             "supported for MoE over RoCE (MoeDistributeDispatch)")

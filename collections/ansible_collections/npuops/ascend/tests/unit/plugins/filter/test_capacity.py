@@ -44,3 +44,23 @@ def test_overrides_change_the_estimate(presets):
     more = capacity.capacity_plan(presets["kimi_k3_1_pro_w4a8"], {"tp": 16, "pp": 2},
                                   overrides={"gpu_memory_utilization": 0.94})
     assert more["kv_tokens"] > base["kv_tokens"]
+
+
+def test_a_1m_context_fits_eight_a3_nodes_and_not_four_as_the_kimi_k3_page_says():
+    """The vLLM-Ascend Kimi-K3 page (releases/v0.23.0, the note after section 5.1.1): "Serving a 1M-token context
+    requires at least eight Atlas 800 A3 (64G x 16) nodes" (DP8, --max-model-len 1048576, 0.9)."""
+    from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import rendered
+    tier, model = rendered("8node_dp", "kimi_k3_w4a8")[:2]
+    assert model["max_model_len"] == 1048576 and model["gpu_memory_utilization"] == 0.9
+    assert capacity.capacity_problems(tier, model) == []
+    assert capacity.capacity_plan(model, tier["groups"][0])["kv_tokens"] >= 1048576
+    four, four_model = rendered("4node_dp", "kimi_k3_w4a8", "vllm_ascend_kimi_k3_4node_a3",
+                                {"max_model_len": 1048576})[:2]
+    problems = capacity.capacity_problems(four, four_model)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("tier 4node_dp, group main (TP16 x PP1 x DP4): the KV cache holds ")
+    assert "on 64 dies, less than one sequence of max_model_len 1048576" in problems[0]
+    assert "serving a 1M-token context requires at least eight Atlas 800 A3 (64G x 16) nodes (tier 8node_dp" \
+        in problems[0]
+    # the page's own four-node context fits
+    assert capacity.capacity_problems(*rendered("4node_dp", "kimi_k3_w4a8", "vllm_ascend_kimi_k3_4node_a3")[:2]) == []

@@ -81,7 +81,7 @@ def test_wrong_tier_model_count_and_paths(presets):
     groups, hv = good()
     for h in hv:
         hv[h]["npuops_tier"] = "3node"
-    assert "npuops_tier = '3node' is not a tier; set it to one of 2node_pp, 4node_dp, 8node_a2_dp, 8p8d_pd" in \
+    assert "npuops_tier = '3node' is not a tier; set it to one of 2node_pp, 4node_dp, 8node_a2_dp, 8node_dp, 8p8d_pd" in \
         check(groups, hv, presets)[0]
 
 
@@ -232,3 +232,24 @@ def test_a_host_in_two_instance_groups_is_named_even_when_the_counts_balance(pre
     assert problems == [
         "host node04 is in group instance_a (instance a) and in instance_b, so Ansible gave it npuops_instance b; a "
         "host belongs to one instance: remove it from one group"], problems
+
+
+def test_xpyd_node_counts_are_checked_whole_positive_and_the_same_everywhere(presets):
+    """npuops_prefill_nodes / npuops_decode_nodes size the PD tier (xPyD); the groups must hold that many hosts."""
+    groups, hv = good_pd(6)
+    groups["prefill"], groups["decode"] = groups["npu_nodes"][:4], groups["npu_nodes"][4:]
+    for h in hv:
+        hv[h].update(npuops_prefill_nodes=4, npuops_decode_nodes=2)
+    assert check(groups, hv, presets) == []
+    hv["node03"]["npuops_decode_nodes"] = 3
+    assert check(groups, hv, presets) == [
+        "npuops_decode_nodes differs between hosts (2 on node01, node02, node04, node05, node06; 3 on node03); it must "
+        "be the same on every node of the cluster"]
+    for h in hv:
+        hv[h]["npuops_decode_nodes"] = 0
+    assert check(groups, hv, presets) == ["host node01: npuops_decode_nodes = 0 is outside [1, 64]"]
+    for h in hv:
+        hv[h]["npuops_decode_nodes"] = 3
+    problems = check(groups, hv, presets)
+    assert any("npuops_tier 8p8d_pd needs 7 hosts per instance in npu_nodes, the inventory has 6" in p
+               for p in problems), problems

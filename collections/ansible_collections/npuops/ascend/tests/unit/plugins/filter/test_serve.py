@@ -174,3 +174,38 @@ def test_the_deploy_waits_as_long_as_the_engine_allows_its_ranks():
     from ansible_collections.npuops.ascend.plugins.plugin_utils import recipes
     assert recipes.load("kimi_k3_tutorial_4node_a3")["env"]["VLLM_ENGINE_READY_TIMEOUT_S"] == "7200"
     assert wait >= 7200
+
+
+def test_4p2d_from_the_inventory_sizes_ranks_ports_the_connector_and_the_proxy():
+    """xPyD: 4 prefill + 2 decode nodes of the 8p8d_pd tier (npuops_prefill_nodes / npuops_decode_nodes). Expected
+    values typed from the recipe's layout (launch_online_dp.py: one DP rank per node, --data-parallel-size the side's
+    DP, kv side channel kv_port + dp_rank * TP)."""
+    from ansible_collections.npuops.ascend.plugins.filter import inventory as inventory_filter
+    groups, hv = inventory(6)
+    groups.update(prefill=groups["npu_nodes"][:4], decode=groups["npu_nodes"][4:])
+    for h in hv:
+        hv[h].update(npuops_proxy_host="node01", npuops_prefill_nodes=4, npuops_decode_nodes="2")
+    base, model, opts = rendered("8p8d_pd", "kimi_k3_w4a8")
+    tier = inventory_filter.tier_document("8p8d_pd", opts["recipe"], hv, "node01")
+    assert [(g["name"], g["nodes"], g["dp"]) for g in tier["groups"]] == [("prefill", 4, 4), ("decode", 2, 2)]
+    plan = topology.plan_topology(groups, hv, tier)
+    assert plan["instances"]["main"]["shape"] == "4P2D"
+    out = serve.serve_containers(plan, hv, tier, model, opts)
+    p3, d1 = out["node04"]["engine"], out["node06"]["engine"]
+    assert flag(p3["command"], "--data-parallel-size") == "4" and flag(p3["command"], "--data-parallel-rank") == "3"
+    assert flag(d1["command"], "--data-parallel-size") == "2" and flag(d1["command"], "--data-parallel-rank") == "1"
+    assert plan["hosts"]["node04"]["kv_ports"] == [36048, 36063] and plan["hosts"]["node06"]["kv_ports"] == [36216, 36231]
+    both = {"prefill": {"dp_size": 4, "tp_size": 16}, "decode": {"dp_size": 2, "tp_size": 16}}
+    for c in (p3, d1):
+        assert json.loads(flag(c["command"], "--kv-transfer-config"))["kv_connector_extra_config"] == both
+    assert [d["why"] for d in d1["recipe_diff"] if d["key"] == "--kv-transfer-config"] == [
+        "deviation pd_sizes_from_the_plan, deviation engine_id"]
+    proxy = out["node01"]["proxy"]["command"]
+    assert proxy[proxy.index("--prefiller-hosts") + 1:proxy.index("--prefiller-ports")] == [
+        "10.0.0.11", "10.0.0.12", "10.0.0.13", "10.0.0.14"]
+    assert proxy[proxy.index("--decoder-hosts") + 1:proxy.index("--decoder-ports")] == ["10.0.0.15", "10.0.0.16"]
+    # at 8P8D the row changes nothing: the recipe's own numbers
+    out8 = containers("8p8d_pd", 16, extra_groups=lambda g: {"prefill": g["npu_nodes"][:8], "decode": g["npu_nodes"][8:]},
+                      npuops_proxy_host="node01")[0]
+    assert [d["why"] for d in out8["node12"]["engine"]["recipe_diff"] if d["key"] == "--kv-transfer-config"] == [
+        "deviation engine_id"]

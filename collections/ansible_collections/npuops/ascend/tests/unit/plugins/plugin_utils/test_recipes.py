@@ -167,6 +167,62 @@ def test_the_a2_pages_node0_and_worker_commands_run_after_its_setup_lines():
         "--data-parallel-start-rank") + 1] == "3"
 
 
+# The same page, the note after section 5.1.1 (1M-token context on eight A3 nodes): the four-node commands (lines
+# 168-212 and 220-267) with --data-parallel-size 8, --max-model-len 1048576 and --max-num-batched-tokens 8192, nodes 1
+# through 7 with --data-parallel-start-rank 1 through 7; filled in by hand for node01 and node08 (MODEL_PATH=
+# /data/models/k3, LOCAL_IP=10.0.0.1x, NODE0_IP=10.0.0.11, PORT=8000, RPC_PORT=13389).
+PAGE_1M_NODE0 = """vllm serve /data/models/k3 \\
+    --served-model-name kimi-k3 \\
+    --port 8000 \\
+    --allowed-local-media-path / \\
+    --trust-remote-code \\
+    --tensor-parallel-size 16 \\
+    --data-parallel-size 8 \\
+    --data-parallel-size-local 1 \\
+    --data-parallel-address 10.0.0.11 \\
+    --data-parallel-rpc-port 13389 \\
+    --enable-prefix-caching \\
+    --enable-expert-parallel \\
+    --max-num-seqs 16 \\
+    --max-model-len 1048576 \\
+    --max-num-batched-tokens 8192 \\
+    --gpu-memory-utilization 0.9 \\
+    --compilation-config '{"cudagraph_mode":"FULL_DECODE_ONLY"}' \\
+    --mm-processor-cache-gb 0 \\
+    --additional-config '{"enable_cpu_binding":true, "enable_flashcomm1":true}' \\
+    --mm-encoder-tp-mode data \\
+    --limit-mm-per-prompt '{"vision_chunk": 2}' \\
+    --enable-auto-tool-choice \\
+    --reasoning-parser kimi_k3 \\
+    --tool-call-parser kimi_k3"""
+PAGE_1M_NODE7 = PAGE_1M_NODE0.replace("vllm serve /data/models/k3 \\\n", "vllm serve /data/models/k3 \\\n    --headless \\\n").replace(
+    "    --data-parallel-size-local 1 \\\n", "    --data-parallel-size-local 1 \\\n    --data-parallel-start-rank 7 \\\n")
+
+
+def test_the_pages_1m_context_commands_are_its_four_node_ones_with_the_three_values_of_its_note():
+    out = plan_containers("8node_dp", "kimi_k3_w4a8")
+    assert sorted(out) == ["node%02d" % i for i in range(1, 9)]
+    node0, node7 = out["node01"]["engine"], out["node08"]["engine"]
+    want0 = recipes.command_spec(PAGE_1M_NODE0, "typed")
+    want0["host"] = "10.0.0.11"  # deviation listen_on_the_node_address, the only one on the command
+    assert node0["recipe"] == "vllm_ascend_kimi_k3_8node_a3_1m"
+    assert spec_of(node0["command"]) == want0
+    assert spec_of(node7["command"]) == recipes.command_spec(PAGE_1M_NODE7, "typed")
+    assert node7["env"]["HCCL_BUFFSIZE"] == "800" and "VLLM_ENGINE_READY_TIMEOUT_S" not in node7["env"]
+    assert node0["env"]["VLLM_ENGINE_READY_TIMEOUT_S"] == "7200"
+
+
+def test_a_derived_recipe_whose_base_lacks_a_changed_flag_is_refused():
+    base = {"name": "b", "roles": {"leader": {"command": "vllm serve /m \\\n  --max-model-len 4096"}}}
+    derived = {"name": "d", "base": "vllm_ascend_kimi_k3_4node_a3", "changes": {"--max-model-len": 8192}}
+    assert recipes.resolve(derived, lambda name: base)["roles"]["leader"]["command"] == \
+        "vllm serve /m \\\n  --max-model-len 8192"
+    with pytest.raises(recipes.RecipeError, match="recipe d, role leader: --max-num-seqs appears 0 times"):
+        recipes.resolve(dict(derived, changes={"--max-num-seqs": 8}), lambda name: base)
+    with pytest.raises(recipes.RecipeError, match="base 'nope' is not one of"):
+        recipes.resolve(dict(derived, base="nope"), lambda name: base)
+
+
 @pytest.mark.parametrize("name", recipes.names())
 def test_every_recipe_runs_as_published_but_the_rows_of_the_deviations_table(name):
     recipe = recipes.load(name)
@@ -178,7 +234,7 @@ def test_every_recipe_runs_as_published_but_the_rows_of_the_deviations_table(nam
         assert engine["recipe"] == name
         for diff in engine["recipe_diff"]:
             assert diff["why"] and diff["why"].startswith("deviation "), (host, diff)
-            row = rows[diff["why"].split(" ", 1)[1]]
+            row = rows[diff["why"].split(", ")[0].split(" ", 1)[1]]
             if diff["kind"] == "container":
                 assert diff["key"].split(" ")[0] in {"shm_size": "--shm-size", "privileged": "--privileged",
                                                      "mounts": "mount"}[row["container"]]
