@@ -107,6 +107,7 @@ def image_files():
 
 
 SITE = "/opt/npuops-sim/site"  # + /<build>: on PYTHONPATH of that build only (its ENV)
+POOL_SITE = "/opt/npuops-sim/pool"  # memcache_hybrid (the KV pool's MetaService and client), on every build's path
 # what the vllm-ascend images carry besides vLLM and vllm-ascend (vllm-ascend v0.23.0 release notes: torch_npu
 # 2.10.0.post4 on PyTorch 2.10.0; Dockerfile.a3: FROM quay.io/ascend/cann:9.1.0-a3-...)
 TORCH, TORCH_NPU, CANN = "2.10.0", "2.10.0.post4", "9.1.0"
@@ -190,7 +191,7 @@ def _ensure(log):
     files = image_files()
     table = version_table()
     envs = dict((alias, emulated(alias, table)) for alias in ALIASES)
-    key = digest(base_key, sorted((k, v[0], v[1]) for k, v in files.items()), sorted(envs.items()))
+    key = digest(base_key, sorted((k, v[0], v[1]) for k, v in files.items()), sorted(envs.items()), POOL_SITE)
     name = "%s:build-%s" % (REPOSITORY, key)
     builds = dict((build_name(e), e) for e in envs.values())
     names = dict((b, "%s-%s" % (name, b)) for b in builds)
@@ -215,7 +216,7 @@ def _ensure(log):
                 changes = ["WORKDIR /workspace", 'CMD ["/bin/bash"]',
                            "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
                 changes += ["ENV %s=%s" % kv for kv in sorted(env.items())]
-                changes += ["ENV PYTHONPATH=%s/%s" % (SITE, build)]
+                changes += ["ENV PYTHONPATH=%s/%s:%s" % (SITE, build, POOL_SITE)]
                 podman("import", *[x for c in changes for x in ("--change", c)], layered, names[build])
         finally:
             os.unlink(layered)

@@ -133,6 +133,16 @@ def _instance_problems(tier, name, members, groups, hostvars):
             problems.append("%s = %s%s is inside AscendDirect's random port range on A3 nodes; use %d or higher "
                             "(intermittent 'Address already in use' otherwise)"
                             % (var, value, where, topology.MIN_KV_PORT_A3))
+    pool = hostvar(hostvars, first, "npuops_kv_pool", "none")
+    if pool not in topology.KV_POOLS:
+        problems.append("npuops_kv_pool = %r%s must be one of %s" % (pool, where, ", ".join(topology.KV_POOLS)))
+    elif pool != "none" and not tier.get("kv_pool"):
+        problems.append("npuops_kv_pool = %s%s: tier %s has no memcache KV pool (only a prefill/decode tier whose "
+                        "recipe publishes one does); set it to none" % (pool, where, tier["name"]))
+    elif pool != "none" and hostvar(hostvars, first, "npuops_kv_pool_host") not in [None] + list(hostvars):
+        problems.append("npuops_kv_pool_host = %r%s is not a host of the inventory; name the host that runs the "
+                        "MetaService (default: the proxy host)" % (hostvar(hostvars, first, "npuops_kv_pool_host"),
+                                                                   where))
     if tier.get("proxy"):
         proxy = hostvar(hostvars, first, "npuops_proxy_host")
         if proxy not in hostvars:

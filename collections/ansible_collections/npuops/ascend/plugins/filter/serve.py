@@ -14,6 +14,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import copy
+import hashlib
 
 from ansible.errors import AnsibleFilterError
 
@@ -22,6 +23,8 @@ from ansible_collections.npuops.ascend.plugins.module_utils import manifest, vll
 from ansible_collections.npuops.ascend.plugins.plugin_utils import board, recipes, values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
+# the Kimi-K3 page, section 5.1.2.1: "python -c \"from memcache_hybrid import MetaService; MetaService.main()\""
+KV_POOL_COMMAND = ["python", "-c", "from memcache_hybrid import MetaService; MetaService.main()"]
 PROXY_SCRIPT = "/vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py"
 # device nodes and read-only host paths every vLLM-Ascend container needs (vllm-ascend installation.md docker run),
 # plus /etc/hccn.conf, which the PD docs require and without which the service answers garbage (vllm-ascend#7711)
@@ -48,7 +51,27 @@ def pd_sizes(instance):
     return out
 
 
-def plan_values(entry, ports, hostvars, host, model, options, dies, pd=None):
+def kv_pool_files(pool):
+    """{"meta": text of mmc-meta.conf, "local": text of mmc-local.conf} of an instance's memcache KV pool: the keys of
+    vllm-ascend's kv_pool.md ("Configuring the memcache Config File", releases/v0.23.0), the MetaService's URLs from
+    the plan (both sides name the same MetaService and config store)."""
+    meta = ["ock.mmc.meta_service_url = %s" % pool["meta_service_url"],
+            "ock.mmc.meta_service.config_store_url = %s" % pool["config_store_url"],
+            "ock.mmc.log_level = %s" % pool["log_level"]]
+    local = ["ock.mmc.meta_service_url = %s" % pool["meta_service_url"],
+             "ock.mmc.local_service.config_store_url = %s" % pool["config_store_url"],
+             "ock.mmc.log_level = %s" % pool["log_level"],
+             "ock.mmc.local_service.world_size = %s" % pool["world_size"],
+             "ock.mmc.local_service.protocol = %s" % pool["protocol"],
+             "ock.mmc.local_service.dram.size = %s" % pool["dram_size"]]
+    return {"meta": "\n".join(meta) + "\n", "local": "\n".join(local) + "\n"}
+
+
+def digest(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def plan_values(entry, ports, hostvars, host, model, options, dies, pd=None, pool=None):
     """The plan's values a recipe's variables and the deviation rows name (docs/recipes.md lists them)."""
     engine_id = None
     if entry.get("kv_role"):
@@ -67,6 +90,7 @@ def plan_values(entry, ports, hostvars, host, model, options, dies, pd=None):
         "dp_start_rank": entry["dp_start_rank"], "node_rank": entry["node_rank"], "nodes": entry["nodes"],
         "kv_port": entry.get("kv_port"), "engine_id": engine_id,
         "visible_devices": ",".join(str(i) for i in range(dies)),
+        "mmc_local_conf": pool["local_conf"] if pool else None,
         **(pd or {})
     }
 
@@ -143,7 +167,8 @@ def serve_containers(plan, hostvars, tier, model, options):
     out = {}
     for host, entry in sorted(plan["hosts"].items()):
         instance = plan["instances"][entry["instance"]]
-        plan_vals = plan_values(entry, instance["ports"], hostvars, host, model, options, dies, pd_sizes(instance))
+        pool = instance.get("kv_pool")
+        plan_vals = plan_values(entry, instance["ports"], hostvars, host, model, options, dies, pd_sizes(instance), pool)
         try:
             spec, env, recipe_spec, recipe_env, reasons = engine_command(
                 entry, recipe, plan_vals, model, options.get("model_overrides"),
@@ -180,6 +205,31 @@ def serve_containers(plan, hostvars, tier, model, options):
         }, "proxy": None}
         engine = out[host]["engine"]
         engine["recipe_diff"] += recipes.container_diff(recipe, engine, weight_dirs, rows)
+        engine["files"] = []
+        if pool and env.get("MMC_LOCAL_CONFIG_PATH"):
+            # the prefill engines of a pool read mmc-local.conf (MMC_LOCAL_CONFIG_PATH); npuops writes it on the host
+            text = kv_pool_files(pool)["local"]
+            engine["files"] = [{"path": pool["local_conf"], "content": text}]
+            engine["mounts"].append("%s:%s:ro" % (pool["local_conf"], pool["local_conf"]))
+            engine["labels"]["io.npuops.kv-pool-config"] = digest(text)
+    for name, instance in sorted(plan["instances"].items()):
+        pool = instance.get("kv_pool")
+        if pool:
+            text = kv_pool_files(pool)["meta"]
+            entry = {"instance": name, "group": "kv_pool", "role": "kv_pool"}
+            out.setdefault(pool["host"], {"engine": None, "proxy": None})["kv_pool"] = {
+                "name": options.get("kv_pool_name", "vllm-kv-pool-meta"),
+                "image": hostvar(hostvars, instance["hosts"][0], "npuops_image", options["image"]),
+                "command": list(KV_POOL_COMMAND),
+                "env": {"MMC_META_CONFIG_PATH": pool["meta_conf"], "PYTHONUNBUFFERED": "1"},
+                "devices": [], "mounts": ["%s:%s:ro" % (pool["meta_conf"], pool["meta_conf"])],
+                "shm_size": None, "privileged": False,
+                "labels": dict(labels(entry, tier), **{"io.npuops.kv-pool-config": digest(text)}),
+                "files": [{"path": pool["meta_conf"], "content": text}],
+                "address": pool["address"], "port": int(pool["meta_port"]),
+                "meta_service_url": pool["meta_service_url"],
+                "instance": name, "group": "kv_pool", "group_key": "%s/kv_pool" % name, "role": "kv_pool",
+            }
     for name, instance in sorted(plan["instances"].items()):
         proxy = instance.get("proxy")
         if not proxy:
@@ -206,6 +256,8 @@ def serve_containers(plan, hostvars, tier, model, options):
             "group_key": "%s/proxy" % name,
             "role": "proxy",
         }
+    for host in out:
+        out[host].setdefault("kv_pool", None)
     return out
 
 
@@ -312,8 +364,38 @@ def board_dirs(run_id, phases=("settle", "ready")):
     return [board.board_dir("%s-%s" % (run_id, phase)) for phase in phases]
 
 
+# what every engine of a memcache KV pool must agree on (the Kimi-K3 page's 8P8D prefill environment: the pool keys
+# blocks by Python's hash, so PYTHONHASHSEED must match; the others configure the pool's fabric and timeouts)
+KV_POOL_SAME_ENV = ("PYTHONHASHSEED", "MMC_LOCAL_CONFIG_PATH", "ASCEND_ENABLE_USE_FABRIC_MEM", "ACL_OP_INIT_MODE",
+                    "HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT")
+
+
+def kv_pool_problems(containers):
+    """Per instance with a memcache KV pool: the environment keys its engines (those that read mmc-local.conf) must
+    share, each set and identical on every one of them, or a line naming the key, the values and the hosts."""
+    out = []
+    pools = sorted(set(c["kv_pool"]["instance"] for c in containers.values() if c.get("kv_pool")))
+    for name in pools:
+        engines = dict((h, c["engine"]) for h, c in sorted(containers.items())
+                       if c.get("engine") and c["engine"]["instance"] == name and c["engine"].get("files"))
+        if not engines:
+            out.append("instance %s: npuops_kv_pool is memcache, but no engine reads mmc-local.conf (the recipe's "
+                       "prefill role sets no MMC_LOCAL_CONFIG_PATH); use a recipe that publishes the pool" % name)
+        for key in KV_POOL_SAME_ENV:
+            seen = {}
+            for h, e in engines.items():
+                seen.setdefault(e["env"].get(key), []).append(h)
+            if len(seen) > 1 or None in seen:
+                out.append("instance %s: %s must be set and the same on every engine of the memcache KV pool (%s); "
+                           "set it once for all of them (npuops_env_overrides in group_vars)" % (
+                               name, key, "; ".join("%s on %s" % ("unset" if v is None else v, ", ".join(hs))
+                                                    for v, hs in sorted(seen.items(), key=lambda kv: str(kv[0])))))
+    return out
+
+
 class FilterModule(object):
     def filters(self):
         return {"serve_containers": serve_containers, "serve_restarts": serve_restarts, "plan_report": plan_report,
+                "kv_pool_problems": kv_pool_problems,
                 "board_dirs": board_dirs, "serve_leftovers": serve_leftovers, "recipe_diff_lines": recipe_diff_lines,
                 "serve_deployment_record": deployment_record}

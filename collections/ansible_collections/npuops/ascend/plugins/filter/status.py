@@ -32,6 +32,9 @@ def _containers_of(plan, containers, instance):
     proxy = plan["instances"][instance].get("proxy")
     if proxy:
         out.append((proxy["host"], containers[proxy["host"]]["proxy"]["name"], "proxy"))
+    pool = plan["instances"][instance].get("kv_pool")
+    if pool:  # the memcache KV pool's MetaService: its prefill engines need it
+        out.append((pool["host"], containers[pool["host"]]["kv_pool"]["name"], "kv_pool"))
     return out
 
 
@@ -63,7 +66,7 @@ def running_images(plan, hostvars, containers, key, instance=None):
         for host, cname, role in _containers_of(plan, containers, name):
             result = hostvar(hostvars, host, key)
             found = ((result if isinstance(result, dict) else {}).get("containers") or {}).get(cname) or {}
-            if role != "proxy" and found.get("image"):
+            if role not in ("proxy", "kv_pool") and found.get("image"):
                 read = found["image"]
                 out[host] = dict((k, read.get(k)) for k in ("id", "digest", "versions"))
                 out[host]["image"] = containers[host]["engine"]["image"]

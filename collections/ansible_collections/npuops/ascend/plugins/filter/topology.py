@@ -281,6 +281,34 @@ def _plan_proxy(tier, instance, plan_groups, hostvars, hosts, first):
     return proxy
 
 
+KV_POOLS = ("none", "memcache")
+
+
+def _plan_kv_pool(tier, instance, proxy, hostvars, hosts, members):
+    """The memcache KV pool of a prefill/decode instance (``npuops_kv_pool: memcache``), or None: the MetaService's
+    host (``npuops_kv_pool_host``, default the proxy's), its URLs and the configuration files. Every engine of the
+    instance is told (``kv_pool``) so the deviation rows that stand in for a missing pool apply only without one."""
+    first = members[0]
+    pool = str(hostvar(hostvars, first, "npuops_kv_pool", "none"))
+    for h in members:
+        hosts[h]["kv_pool"] = pool != "none"
+    if pool == "none":
+        return None
+    spec = tier.get("kv_pool")
+    if not spec or not proxy:
+        raise PlanError("instance %s: npuops_kv_pool %s needs a prefill/decode tier with a kv_pool section (tier %s has "
+                        "none)" % (instance, pool, tier.get("name")))
+    host = hostvar(hostvars, first, "npuops_kv_pool_host") or proxy["host"]
+    address = _node_ip(hostvars, host)
+    out = dict(spec, backend=pool, host=host, address=address,
+               meta_service_url="tcp://%s:%d" % (address, int(spec["meta_port"])),
+               config_store_url="tcp://%s:%d" % (address, int(spec["config_store_port"])))
+    if host in hosts:
+        pool_ports = {int(spec["meta_port"]), int(spec["config_store_port"])}
+        hosts[host]["ports_free"] = sorted(set(hosts[host]["ports_free"]) | pool_ports)
+    return out
+
+
 def plan(groups, hostvars, tier):
     dies = int(tier.get("dies_per_node", 16))
     hosts = {}
@@ -296,6 +324,7 @@ def plan(groups, hostvars, tier):
                     name, g["name"], g["nodes"], g.get("inventory_group"), len(ghosts), ", ".join(ghosts) or "none"))
             plan_groups[g["name"]] = _plan_group(g, ghosts, name, itier, ports, hostvars, hosts, dies)
         proxy = _plan_proxy(itier, name, plan_groups, hostvars, hosts, members[0]) if itier.get("proxy") else None
+        kv_pool = _plan_kv_pool(itier, name, proxy, hostvars, hosts, members)
         serving = [h for g in itier["groups"] for h in plan_groups[g["name"]]["hosts"] if hosts[h]["serves_http"]]
         api_urls = ["http://%s:%d" % (hosts[h]["node_ip"], hosts[h]["api_port"]) for h in serving]
         endpoint = "http://%s:%d" % (proxy["address"], proxy["port"]) if proxy else api_urls[0]
@@ -306,6 +335,7 @@ def plan(groups, hostvars, tier):
             "groups": plan_groups,
             "leader": plan_groups[itier["groups"][0]["name"]]["leader"],
             "shape": shape(itier),
+            "kv_pool": kv_pool,
             "proxy": proxy,
             "endpoint": endpoint,
             "front_host": front,  # the host whose listener is the front door
@@ -342,6 +372,8 @@ def plan_members(plan):
     for inst in plan["instances"].values():
         if inst.get("proxy"):
             out.setdefault(inst["proxy"]["host"], []).append("proxy")
+        if inst.get("kv_pool"):
+            out.setdefault(inst["kv_pool"]["host"], []).append("kv_pool")
     for host in (plan.get("gateway") or {}).get("hosts", []):
         out.setdefault(host, []).append("gateway")
     for host in (plan.get("monitor") or {}).get("hosts", []):

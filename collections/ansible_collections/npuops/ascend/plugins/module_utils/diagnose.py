@@ -33,7 +33,7 @@ import time
 CAUSES = ("hccl_connect_timeout", "hccl_exec_timeout", "port_in_use", "nic_or_ip_wrong", "tls_mismatch", "rank_table",
           "npu_oom_load", "kv_cache_oom", "hccl_buffsize", "shm_too_small", "driver_cann_mismatch", "hccn_conf_missing",
           "visible_devices", "kv_transfer", "dp_master_unreachable", "version_incompatible", "parser_or_tokenizer",
-          "model_path", "garbled_output", "other")
+          "model_path", "garbled_output", "kv_pool", "other")
 SIGNATURES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data",
                           "diagnose", "signatures.yml")
 MAX_LINE = 2000  # a line longer than this is cut (a dumped tensor, a base64 blob)

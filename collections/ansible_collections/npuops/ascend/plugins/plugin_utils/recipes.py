@@ -252,6 +252,8 @@ def applies(row, recipe, role, entry):
         return False
     if "serves_http" in when and bool(entry.get("serves_http")) != bool(when["serves_http"]):
         return False
+    if "kv_pool" in when and bool(entry.get("kv_pool")) != bool(when["kv_pool"]):
+        return False
     return True
 
 
@@ -290,11 +292,16 @@ def apply_deviations(recipe, role, entry, values, spec, env, rows=None):
 
 
 def deep_merge(base, extra):
-    """``base`` with ``extra``'s keys, dicts merged key by key (a nested JSON flag keeps what a row does not name)."""
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+    """``base`` with ``extra``'s keys, dicts merged key by key and lists item by item (a nested JSON flag keeps what a
+    row does not name; ``{}`` in a list leaves that item as it is)."""
+    if isinstance(base, dict) and isinstance(extra, dict):
+        out = dict(base)
+        for k, v in extra.items():
+            out[k] = deep_merge(out[k], v) if k in out else v
+        return out
+    if isinstance(base, list) and isinstance(extra, list):
+        return [deep_merge(b, e) for b, e in zip(base, extra)] + base[len(extra):]
+    return extra
 
 
 NUMBER_PLACEHOLDER = re.compile(r"^\{(\w+):d\}$")

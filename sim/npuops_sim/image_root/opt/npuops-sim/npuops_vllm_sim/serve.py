@@ -269,12 +269,43 @@ def check_weights(path):
     return total, len(shards)
 
 
+def connectors(kv):
+    """The connectors of a kv_transfer_config: MultiConnector's list (kv_connector_extra_config.connectors, vLLM's
+    multi_connector.py), else the one."""
+    if not kv:
+        return []
+    if kv.get("kv_connector") == "MultiConnector":
+        return list((kv.get("kv_connector_extra_config") or {}).get("connectors") or [])
+    return [kv]
+
+
+def memcache_store(connector):
+    """AscendStoreConnector with the memcache backend: MemcacheBackend._setup_store (vllm-ascend releases/v0.23.0,
+    kv_pool/ascend_store/backend/memcache_backend.py) - DistributedObjectStore().init(), then `assert res == 0`."""
+    backend = (connector.get("kv_connector_extra_config") or {}).get("backend", "mooncake")
+    if backend != "memcache":
+        die("ValueError: the stand-in's AscendStoreConnector has the memcache backend only, got %r" % backend)
+    try:
+        from memcache_hybrid import DistributedObjectStore
+    except ImportError:
+        die("ImportError: Please install memcache by following the instructions at "
+            "https://gitee.com/ascend/memfabric_hybrid to run vLLM with MemcacheConnector.")
+    try:
+        res = DistributedObjectStore().init(0, init_bm=True)
+    except ValueError as e:
+        log("ERROR", "Configuration loading failed. error=%s. Check memcache config and environment." % e)
+        die("ValueError: %s" % e)
+    if res != 0:
+        die("AssertionError (memcache_backend.py _setup_store: assert res == 0; DistributedObjectStore.init "
+            "returned %d)" % res)
+    log("INFO", "AscendStoreConnector: memcache store initialized")
+
+
 def mooncake_sizes(kv):
     """MooncakeConnectorWorker._get_prefill_decode_size and its __init__ (vllm-ascend releases/v0.23.0,
     vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py): both sides' tp_size and dp_size must be in
     kv_connector_extra_config (bare asserts), and prefill TP below decode TP is refused."""
-    connectors = [kv] + list((kv.get("kv_connector_extra_config") or {}).get("connectors") or [])
-    for c in connectors:
+    for c in connectors(kv):
         if c.get("kv_connector") != "MooncakeConnectorV1":
             continue
         extra = c.get("kv_connector_extra_config") or {}
@@ -600,13 +631,15 @@ def run(args):
         die("ValueError: --data-parallel-rank and --data-parallel-start-rank exclude each other")
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         die("TypeError: --enable-auto-tool-choice requires --tool-call-parser to be set")
-    if kv:
-        if kv.get("kv_connector") not in ("MooncakeConnectorV1", "MooncakeLayerwiseConnector"):
-            die("ValueError: unknown kv_connector %r" % kv.get("kv_connector"))
-        if kv.get("kv_role") not in ("kv_producer", "kv_consumer", "kv_both"):
-            die("ValueError: unknown kv_role %r" % kv.get("kv_role"))
-        if kv.get("kv_role") == "kv_consumer" and pp != 1:
+    for c in connectors(kv):
+        if c.get("kv_connector") not in ("MooncakeConnectorV1", "MooncakeLayerwiseConnector", "AscendStoreConnector"):
+            die("ValueError: unknown kv_connector %r" % c.get("kv_connector"))
+        if c.get("kv_role") not in ("kv_producer", "kv_consumer", "kv_both"):
+            die("ValueError: unknown kv_role %r" % c.get("kv_role"))
+        if c.get("kv_role") == "kv_consumer" and pp != 1:
             die("ValueError: MooncakeConnectorV1 requires decode pipeline_parallel_size = 1")
+    if kv and not [c for c in connectors(kv) if c.get("kv_connector", "").startswith("Mooncake")]:
+        die("ValueError: the stand-in moves KV between prefill and decode with a Mooncake connector only")
 
     if not args.headless:
         check_parsers(args)
@@ -683,8 +716,15 @@ def run(args):
     elif follower is not None:
         engine.step = follower.step
     if kv:
+        # the KV pool's store comes up after the weights are loaded (kv_pool.md: "vLLM loads the model weights
+        # before the KV connector initializes MemCache")
+        for c in connectors(kv):
+            if c.get("kv_connector") == "AscendStoreConnector":
+                memcache_store(c)
+        mooncake = [c for c in connectors(kv) if c.get("kv_connector", "").startswith("Mooncake")][0]
         dp_rank = args.data_parallel_rank or 0
-        engine.kv = lm.KvConnector(kv, host_ip, int(kv.get("kv_port", 14579)) + dp_rank * tp * pp)
+        engine.kv = lm.KvConnector(dict(mooncake, engine_id=kv.get("engine_id") or mooncake.get("engine_id")),
+                                   host_ip, int(mooncake.get("kv_port", 14579)) + dp_rank * tp * pp)
         engine.kv.start()
     if args.headless:
         log("INFO", "headless engine: no API server on this node")

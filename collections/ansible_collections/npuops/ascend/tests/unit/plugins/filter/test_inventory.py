@@ -253,3 +253,16 @@ def test_xpyd_node_counts_are_checked_whole_positive_and_the_same_everywhere(pre
     problems = check(groups, hv, presets)
     assert any("npuops_tier 8p8d_pd needs 7 hosts per instance in npu_nodes, the inventory has 6" in p
                for p in problems), problems
+
+
+def test_a_memcache_kv_pool_needs_a_tier_that_has_one(presets):
+    groups, hv = good()
+    for h in hv:
+        hv[h]["npuops_kv_pool"] = "memcache"
+    assert check(groups, hv, presets) == ["npuops_kv_pool = memcache: tier 4node_dp has no memcache KV pool (only a "
+                                          "prefill/decode tier whose recipe publishes one does); set it to none"]
+    groups, hv = good_pd()
+    for h in hv:
+        hv[h].update(npuops_kv_pool="memcache", npuops_kv_pool_host="node99")
+    assert check(groups, hv, presets) == ["npuops_kv_pool_host = 'node99' is not a host of the inventory; name the "
+                                          "host that runs the MetaService (default: the proxy host)"]

@@ -209,3 +209,51 @@ def test_4p2d_from_the_inventory_sizes_ranks_ports_the_connector_and_the_proxy()
                       npuops_proxy_host="node01")[0]
     assert [d["why"] for d in out8["node12"]["engine"]["recipe_diff"] if d["key"] == "--kv-transfer-config"] == [
         "deviation engine_id"]
+
+
+def eight_and_eight(groups):
+    return {"prefill": groups["npu_nodes"][:8], "decode": groups["npu_nodes"][8:]}
+
+
+def test_the_memcache_kv_pool_runs_the_pages_prefill_connector_and_a_metaservice_first():
+    """npuops_kv_pool memcache on the 8P8D recipe: the prefill side runs the page's MultiConnector as published (no
+    no_memcache_* row), reads mmc-local.conf, and the proxy host runs the MetaService the page starts (section
+    5.1.2.1) with mmc-meta.conf; the files carry the keys of vllm-ascend's kv_pool.md."""
+    out, plan, hv, tier = containers("8p8d_pd", 16, extra_groups=eight_and_eight, npuops_proxy_host="node01",
+                                     npuops_kv_pool="memcache")
+    p, d = out["node03"]["engine"], out["node12"]["engine"]
+    assert json.loads(flag(p["command"], "--kv-transfer-config")) == {
+        "kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "prefill-2",
+        "kv_connector_extra_config": {"connectors": [
+            {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "kv_port": "36000",
+             "kv_connector_extra_config": {"prefill": {"dp_size": 8, "tp_size": 16},
+                                           "decode": {"dp_size": 8, "tp_size": 16}}},
+            {"kv_connector": "AscendStoreConnector", "kv_role": "kv_producer",
+             "kv_connector_extra_config": {"backend": "memcache", "lookup_rpc_port": "0"}}]}}
+    assert p["env"]["MMC_LOCAL_CONFIG_PATH"] == "/etc/npuops/mmc-local.conf" and p["env"]["PYTHONHASHSEED"] == "0"
+    assert "/etc/npuops/mmc-local.conf:/etc/npuops/mmc-local.conf:ro" in p["mounts"]
+    assert p["files"] == [{"path": "/etc/npuops/mmc-local.conf", "content": (
+        "ock.mmc.meta_service_url = tcp://10.0.0.11:5000\n"
+        "ock.mmc.local_service.config_store_url = tcp://10.0.0.11:6000\n"
+        "ock.mmc.log_level = error\n"
+        "ock.mmc.local_service.world_size = 256\n"
+        "ock.mmc.local_service.protocol = device_sdma\n"
+        "ock.mmc.local_service.dram.size = 1GB\n")}]
+    assert not [x for x in p["recipe_diff"] if "no_memcache" in (x["why"] or "")]
+    assert "MMC_LOCAL_CONFIG_PATH" not in d["env"] and d["files"] == []
+    meta = out["node01"]["kv_pool"]
+    assert meta["command"] == ["python", "-c", "from memcache_hybrid import MetaService; MetaService.main()"]
+    assert meta["env"]["MMC_META_CONFIG_PATH"] == "/etc/npuops/mmc-meta.conf" and meta["devices"] == []
+    assert meta["files"][0]["content"] == ("ock.mmc.meta_service_url = tcp://10.0.0.11:5000\n"
+                                           "ock.mmc.meta_service.config_store_url = tcp://10.0.0.11:6000\n"
+                                           "ock.mmc.log_level = error\n")
+    assert plan["members"]["node01"] == ["engine", "proxy", "kv_pool", "prometheus", "load"]
+    assert serve.kv_pool_problems(out) == []
+    # one host's override makes the pool's engines disagree: named
+    hv["node05"]["npuops_env_overrides"] = {"PYTHONHASHSEED": "1"}
+    base, model, opts = rendered("8p8d_pd", "kimi_k3_w4a8")
+    again = serve.serve_containers(plan, hv, tier, model, opts)
+    assert serve.kv_pool_problems(again) == [
+        "instance main: PYTHONHASHSEED must be set and the same on every engine of the memcache KV pool (0 on node01, "
+        "node02, node03, node04, node06, node07, node08; 1 on node05); set it once for all of them "
+        "(npuops_env_overrides in group_vars)"]
