@@ -55,15 +55,19 @@ def kv_pool_files(pool):
     """{"meta": text of mmc-meta.conf, "local": text of mmc-local.conf} of an instance's memcache KV pool: the keys of
     vllm-ascend's kv_pool.md ("Configuring the memcache Config File", releases/v0.23.0), the MetaService's URLs from
     the plan (both sides name the same MetaService and config store)."""
+    tls = "true" if pool.get("tls") else "false"
+    # TLS written out on both sides: absent it is on (MemCache doc/memcache_config.md), and the files must agree
+    both = ["ock.mmc.tls.enable = %s" % tls, "ock.mmc.config_store.tls.enable = %s" % tls]
     meta = ["ock.mmc.meta_service_url = %s" % pool["meta_service_url"],
             "ock.mmc.meta_service.config_store_url = %s" % pool["config_store_url"],
-            "ock.mmc.log_level = %s" % pool["log_level"]]
+            "ock.mmc.meta_service.metrics_url = %s" % pool["metrics_url"],
+            "ock.mmc.log_level = %s" % pool["log_level"]] + both
     local = ["ock.mmc.meta_service_url = %s" % pool["meta_service_url"],
              "ock.mmc.local_service.config_store_url = %s" % pool["config_store_url"],
              "ock.mmc.log_level = %s" % pool["log_level"],
              "ock.mmc.local_service.world_size = %s" % pool["world_size"],
              "ock.mmc.local_service.protocol = %s" % pool["protocol"],
-             "ock.mmc.local_service.dram.size = %s" % pool["dram_size"]]
+             "ock.mmc.local_service.dram.size = %s" % pool["dram_size"]] + both
     return {"meta": "\n".join(meta) + "\n", "local": "\n".join(local) + "\n"}
 
 

@@ -302,9 +302,10 @@ def _plan_kv_pool(tier, instance, proxy, hostvars, hosts, members):
     address = _node_ip(hostvars, host)
     out = dict(spec, backend=pool, host=host, address=address,
                meta_service_url="tcp://%s:%d" % (address, int(spec["meta_port"])),
-               config_store_url="tcp://%s:%d" % (address, int(spec["config_store_port"])))
+               config_store_url="tcp://%s:%d" % (address, int(spec["config_store_port"])),
+               metrics_url="%s:%d" % (address, int(spec["metrics_port"])))
     if host in hosts:
-        pool_ports = {int(spec["meta_port"]), int(spec["config_store_port"])}
+        pool_ports = {int(spec["meta_port"]), int(spec["config_store_port"]), int(spec["metrics_port"])}
         hosts[host]["ports_free"] = sorted(set(hosts[host]["ports_free"]) | pool_ports)
     return out
 

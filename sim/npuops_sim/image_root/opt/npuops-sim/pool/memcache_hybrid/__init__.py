@@ -7,7 +7,9 @@ Kimi-K3 page use (test infrastructure, not MemCache).
 - ``DistributedObjectStore().init(device_id, init_bm)`` (vllm-ascend's memcache_backend.py, ``_setup_store``) reads
   ``MMC_LOCAL_CONFIG_PATH``, connects to the MetaService and returns 0, or non-zero when it cannot (vllm-ascend then
   fails its ``assert res == 0``); a configuration it cannot read raises ValueError, as the real one does.
-The keys are those of vllm-ascend's kv_pool.md (releases/v0.23.0, "Configuring the memcache Config File").
+The keys are those of vllm-ascend's kv_pool.md (releases/v0.23.0, "Configuring the memcache Config File"). TLS is
+on where a file does not say ``ock.mmc.tls.enable = false`` (MemCache's doc/memcache_config.md default): the
+MetaService then needs its certificate files, and a client whose TLS setting differs from the MetaService's fails.
 """
 import os
 import socket
@@ -46,6 +48,15 @@ def read_conf(env, keys):
     return conf
 
 
+def tls_on(conf):
+    return conf.get("ock.mmc.tls.enable", "true").lower() in ("true", "1")
+
+
+TLS_FILES = (("ock.mmc.tls.ca.path", "/opt/ock/security/certs/ca.cert.pem"),
+             ("ock.mmc.tls.cert.path", "/opt/ock/security/certs/server.cert.pem"),
+             ("ock.mmc.tls.key.path", "/opt/ock/security/certs/server.private.key.pem"))
+
+
 def endpoint(url):
     if not url.startswith("tcp://") or ":" not in url[6:]:
         raise ValueError("%r is not tcp://<ip>:<port>" % url)
@@ -62,6 +73,12 @@ class MetaService(object):
         except ValueError as e:
             log("ERROR", "meta service start failed: %s" % e)
             sys.exit(1)
+        if tls_on(conf):
+            missing = [conf.get(k, default) for k, default in TLS_FILES if not os.path.exists(conf.get(k, default))]
+            if missing:
+                log("ERROR", "meta service start failed: TLS is enabled (ock.mmc.tls.enable) and %s not found"
+                    % ", ".join(missing))
+                sys.exit(1)
         servers = []
         for address, what in ((meta, "meta service"), (store, "config store")):
             srv = socket.socket()
@@ -86,7 +103,8 @@ class MetaService(object):
             try:
                 f = conn.makefile("rw")
                 f.readline()
-                f.write("OK %s\n" % conf[META_KEYS[1]])  # the client checks it names the same config store
+                # the client checks it names the same config store and speaks the same TLS
+                f.write("OK %s %s\n" % (conf[META_KEYS[1]], "tls" if tls_on(conf) else "plain"))
                 f.flush()
             except OSError:
                 pass
@@ -109,6 +127,10 @@ class DistributedObjectStore(object):
             log("ERROR", "device %s: failed to connect to meta service %s: %s" % (device_id, url, e))
             return -1
         store = conf["ock.mmc.local_service.config_store_url"]
+        if len(reply) > 2 and reply[2] != ("tls" if tls_on(conf) else "plain"):
+            log("ERROR", "device %s: TLS handshake with meta service %s failed (ock.mmc.tls.enable is %s here, the "
+                "meta service's is %s)" % (device_id, url, tls_on(conf), reply[2] == "tls"))
+            return -1
         if len(reply) < 2 or reply[1] != store:
             log("ERROR", "device %s: config store %s differs from the meta service's %s" % (
                 device_id, store, reply[1] if len(reply) > 1 else "(none)"))

@@ -238,7 +238,9 @@ def test_the_memcache_kv_pool_runs_the_pages_prefill_connector_and_a_metaservice
         "ock.mmc.log_level = error\n"
         "ock.mmc.local_service.world_size = 256\n"
         "ock.mmc.local_service.protocol = device_sdma\n"
-        "ock.mmc.local_service.dram.size = 1GB\n")}]
+        "ock.mmc.local_service.dram.size = 1GB\n"
+        "ock.mmc.tls.enable = false\n"
+        "ock.mmc.config_store.tls.enable = false\n")}]
     assert not [x for x in p["recipe_diff"] if "no_memcache" in (x["why"] or "")]
     assert "MMC_LOCAL_CONFIG_PATH" not in d["env"] and d["files"] == []
     meta = out["node01"]["kv_pool"]
@@ -246,7 +248,10 @@ def test_the_memcache_kv_pool_runs_the_pages_prefill_connector_and_a_metaservice
     assert meta["env"]["MMC_META_CONFIG_PATH"] == "/etc/npuops/mmc-meta.conf" and meta["devices"] == []
     assert meta["files"][0]["content"] == ("ock.mmc.meta_service_url = tcp://10.0.0.11:5000\n"
                                            "ock.mmc.meta_service.config_store_url = tcp://10.0.0.11:6000\n"
-                                           "ock.mmc.log_level = error\n")
+                                           "ock.mmc.meta_service.metrics_url = 10.0.0.11:8090\n"
+                                           "ock.mmc.log_level = error\n"
+                                           "ock.mmc.tls.enable = false\n"
+                                           "ock.mmc.config_store.tls.enable = false\n")
     assert plan["members"]["node01"] == ["engine", "proxy", "kv_pool", "prometheus", "load"]
     assert serve.kv_pool_problems(out) == []
     # one host's override makes the pool's engines disagree: named
