@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from npuops_sim.testing import bring_up, playbook, sim
+from npuops_sim.testing import bring_up, plan_of, playbook, sim
 
 pytestmark = pytest.mark.sim
 
@@ -19,9 +19,7 @@ def cluster(tmp_path_factory):
 
 
 def test_the_a2_tier_deploys_its_recipe_on_eight_a2_nodes_and_validates(cluster, tmp_path):
-    out = tmp_path / "plan.json"
-    playbook(cluster, "plan", "-e", "plan_output=%s" % out)
-    plan = json.loads(out.read_text())
+    plan = plan_of(cluster, tmp_path)
     assert plan["tier"] == "8node_a2_dp" and len(plan["hosts"]) == 8
     # A2 with 8 dies per node, the image without -a3, every device's network, the capacity of the recipe
     playbook(cluster, "preflight", "-e", "npuops_reports_dir=%s" % tmp_path)

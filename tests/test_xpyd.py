@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from npuops_sim.testing import BIN, REPO, bring_up, env, playbook, sim
+from npuops_sim.testing import BIN, REPO, bring_up, env, plan_of, playbook, sim
 
 pytestmark = pytest.mark.sim
 
@@ -24,9 +24,7 @@ def cluster(tmp_path_factory):
 
 
 def test_4p2d_deploys_with_its_own_ranks_and_lists_and_validates_through_the_proxy(cluster, tmp_path):
-    out = tmp_path / "plan.json"
-    playbook(cluster, "plan", "-e", "plan_output=%s" % out)
-    plan = json.loads(out.read_text())
+    plan = plan_of(cluster, tmp_path)
     assert plan["tier"] == "8p8d_pd" and plan["instances"]["main"]["shape"] == "4P2D" and len(plan["hosts"]) == 6
     playbook(cluster, "weights")
     playbook(cluster, "deploy")

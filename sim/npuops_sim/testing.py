@@ -99,6 +99,13 @@ def playbook(c, name, *extra, check=True, timeout=600):
                check=check, timeout=timeout)
 
 
+def plan_of(c, tmp_path):
+    """playbooks/plan.yml's report of the cluster's inventory (no host contacted)."""
+    out = tmp_path / "plan.json"
+    playbook(c, "plan", "-e", "plan_output=%s" % out)
+    return json.loads(out.read_text())
+
+
 def assert_validate_catches_missing_hccn_conf(c, node):
     """With /etc/hccn.conf gone from one node the service starts but answers garbage: validate must fail,
     naming the chat check. The fault is cleared afterwards."""

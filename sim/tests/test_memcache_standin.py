@@ -7,15 +7,9 @@ import subprocess
 import sys
 import time
 
+from npuops_sim.loopback import free_port
+
 POOL = os.path.join(os.path.dirname(__file__), "..", "npuops_sim", "image_root", "opt", "npuops-sim", "pool")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def run_meta(conf, tmp_path):
