@@ -238,3 +238,19 @@ def test_context_overflow_per_version(lb):
     assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 70
     status, raw = post(new.url + "/v1/completions", dict(body, prompt=" ".join(["x"] * 33000)))
     assert status == 400 and "exceeds this limit even without any output tokens" in json.loads(raw)["error"]["message"]
+
+
+def test_every_served_name_is_accepted_and_the_first_answers(lb):
+    """vLLM's --served-model-name takes several names (nargs="+"): /v1/models lists each, a request may name any,
+    and every answer names the first (vllm/entrypoints/openai/serving_models.py: is_base_model, model_name()).
+    What a replica on other weights behind the gateway relies on: its own name answers, the service's is accepted."""
+    canary = lb.engine(served=["kimi-k3-v2", "kimi-k3"])
+    sdk = openai.OpenAI(base_url=canary.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    assert [m.id for m in sdk.models.list().data] == ["kimi-k3-v2", "kimi-k3"]
+    for asked in ("kimi-k3", "kimi-k3-v2"):
+        done = sdk.completions.create(model=asked, prompt="hi", max_tokens=2)
+        assert done.model == "kimi-k3-v2"
+        chat = sdk.chat.completions.create(model=asked, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert chat.model == "kimi-k3-v2"
+    with pytest.raises(openai.NotFoundError, match="The model `kimi-k3-v1` does not exist."):
+        sdk.completions.create(model="kimi-k3-v1", prompt="hi", max_tokens=2)

@@ -125,11 +125,13 @@ class Loopback(object):
                               capture_output=True, timeout=300)
 
     def engine(self, *flags, tag="main-a3", env=None, served="kimi-k3", ready=True):
-        """`vllm serve` of the stand-in on a free loopback port; waits for /health 200 when `ready`."""
+        """`vllm serve` of the stand-in on a free loopback port; waits for /health 200 when `ready`. `served`: a name or
+        a list of them (--served-model-name)."""
         port = free_port()
         code = "import sys; from npuops_vllm_sim.main import main; sys.exit(main(sys.argv[1:]))"
-        argv = [sys.executable, "-c", code, "serve", self.model, "--served-model-name", served, "--host",
-                "127.0.0.1", "--port", str(port), "--max-model-len", "32768"] + list(flags)
+        names = [served] if isinstance(served, str) else list(served)
+        argv = [sys.executable, "-c", code, "serve", self.model, "--served-model-name"] + names + [
+            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "32768"] + list(flags)
         proc, log = self._start(argv, tag, env, "engine")
         p = Process(proc, "http://127.0.0.1:%d" % port, log)
         if ready:

@@ -19,10 +19,10 @@ import json
 
 CHECKED_AGAINST = "vLLM 0.23.0, 0.27.1, 0.32.0 (vllm serve parser, built with VLLM_TARGET_DEVICE=cpu)"
 
-# spec key: (flag, kind). Kinds: int, float, str, json (a dict passed as JSON), flag (store_true: present
-# when true), toggle (BooleanOptionalAction: --x when true, --no-x when false).
+# spec key: (flag, kind). Kinds: int, float, str, names (nargs="+": one name or a list of them), json (a dict passed
+# as JSON), flag (store_true: present when true), toggle (BooleanOptionalAction: --x when true, --no-x when false).
 FLAGS = {
-    "served_model_name": ("--served-model-name", "str"),
+    "served_model_name": ("--served-model-name", "names"),
     "host": ("--host", "str"),
     "port": ("--port", "int"),
     "trust_remote_code": ("--trust-remote-code", "flag"),
@@ -103,12 +103,16 @@ def validate(spec):
         ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
               "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
               "str": lambda v: isinstance(v, str) and v != "",
+              "names": lambda v: (isinstance(v, str) and v != "") or (
+                  isinstance(v, list) and bool(v) and all(isinstance(n, str) and n and not n.startswith("-")
+                                                          for n in v)),
               "json": lambda v: isinstance(v, dict),
               "flag": lambda v: isinstance(v, bool),
               "toggle": lambda v: isinstance(v, bool)}[kind](value)
         if not ok:
-            raise VllmCliError("%s = %r: expected %s" % (key, value, {"json": "a dict", "flag": "true/false",
-                                                                      "toggle": "true/false"}.get(kind, kind)))
+            raise VllmCliError("%s = %r: expected %s" % (key, value, {
+                "json": "a dict", "flag": "true/false", "toggle": "true/false",
+                "names": "a name or a list of names"}.get(kind, kind)))
         if key in CHOICES and value not in CHOICES[key]:
             raise VllmCliError("%s = %r: must be one of %s" % (key, value, ", ".join(CHOICES[key])))
     util = spec.get("gpu_memory_utilization")
@@ -150,6 +154,8 @@ def render(spec):
             argv.append(flag if value else "--no-" + flag[2:])
         elif kind == "json":
             argv += [flag, json.dumps(value, sort_keys=True, separators=(",", ":"))]
+        elif kind == "names" and isinstance(value, list):
+            argv += [flag] + [str(v) for v in value]
         else:
             argv += [flag, str(value)]
     return argv

@@ -199,7 +199,8 @@ class KvConnector(object):
 
 class Engine(object):
     def __init__(self, served, path, args, garbage, dp_ranks, complete):
-        self.served = served
+        names = [served] if isinstance(served, str) else list(served)
+        self.served, self.names = names[0], names
         self.path = path
         self.args = args
         self.garbage = garbage
@@ -221,14 +222,14 @@ class Engine(object):
         return self.complete.is_set()
 
     def models(self):
-        return {"object": "list", "data": [{"id": self.served, "object": "model", "created": self.created,
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": self.created,
                                             "owned_by": "vllm", "root": self.path, "parent": None,
-                                            "max_model_len": self.args.max_model_len}]}
+                                            "max_model_len": self.args.max_model_len} for name in self.names]}
 
     # ------------------------------------------------------------------ requests
     def prepare(self, body, chat):
         model = body.get("model")
-        if model not in (None, self.served):
+        if model and model not in self.names:
             raise RequestError("The model `%s` does not exist." % model, 404, "model")
         images = []
         if chat:

@@ -602,7 +602,9 @@ def run(args):
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
     dp = args.data_parallel_size
     dp_local = args.data_parallel_size_local or (1 if args.data_parallel_address else dp)
-    served = (args.served_model_name or [model_path])[0]
+    # every --served-model-name is accepted in requests, the first answers (vllm/entrypoints/openai/serving_models.py:
+    # is_base_model matches any, model_name() is base_model_paths[0].name, /v1/models lists them all)
+    served = list(args.served_model_name or [model_path])
     kv = args.kv_transfer_config or {}
     log("INFO", "vLLM-Ascend stand-in (vLLM %s) serving %s (tp=%d pp=%d dp=%d nnodes=%d)" % (
         versions.vllm_version(), model_path, tp, pp, dp, args.nnodes))

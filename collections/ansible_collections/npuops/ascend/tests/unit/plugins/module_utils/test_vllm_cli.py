@@ -54,4 +54,18 @@ def test_the_kv_cache_dtype_is_the_images_to_decide():
 
 def test_every_flag_is_a_vllm_style_flag():
     for key, (flag, kind) in vllm_cli.FLAGS.items():
-        assert flag == "--" + key.replace("_", "-") and kind in ("int", "float", "str", "json", "flag", "toggle")
+        assert flag == "--" + key.replace("_", "-") and kind in ("int", "float", "str", "names", "json", "flag", "toggle")
+
+
+def test_served_model_name_takes_several_names_as_vllm_does():
+    # vLLM's --served-model-name is nargs="+": the first name answers, every one is accepted
+    spec = {"model": "/m", "served_model_name": ["k3-v2", "kimi-k3"], "port": 8000}
+    assert vllm_cli.render(spec)[3:7] == ["--served-model-name", "k3-v2", "kimi-k3", "--port"]
+    assert vllm_cli.render({"model": "/m", "served_model_name": "kimi-k3"})[3:] == ["--served-model-name", "kimi-k3"]
+    for bad in ([], [""], ["--port"], 3):
+        with pytest.raises(vllm_cli.VllmCliError, match="expected a name or a list of names"):
+            vllm_cli.render({"model": "/m", "served_model_name": bad})
+    from ansible_collections.npuops.ascend.plugins.plugin_utils import recipes
+    assert recipes.command_spec("vllm serve /m --served-model-name a b --port 1", "t") == {
+        "model": "/m", "served_model_name": ["a", "b"], "port": 1}
+    assert recipes.command_spec("vllm serve /m --served-model-name a --port 1", "t")["served_model_name"] == "a"
