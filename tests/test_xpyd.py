@@ -5,8 +5,10 @@ from 4 and 2, and the service validates through its proxy. Then the memcache KV 
 page's 8P8D prefill side: a MetaService first, then prefill engines with AscendStoreConnector), and a MetaService that
 dies while the prefill engines load."""
 import json
+import re
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
@@ -60,6 +62,15 @@ def test_the_kv_pool_starts_its_metaservice_before_the_prefill_engines_and_valid
     assert "memcache store initialized" in cluster.ssh("node03", "podman logs vllm 2>&1").stdout
     checks = playbook(cluster, "validate", "-e", json.dumps(POOL)).stdout
     assert "FAIL" not in checks and "chat         ok " in checks, checks[-3000:]
+    # the MetaService's metrics where the Prometheus job memcache_meta scrapes them (its metrics_url, GET /metrics):
+    # the four prefill engines' stores have mounted
+    meta_url = "http://%s:8090" % cluster.ip("node01")
+    with urllib.request.urlopen(meta_url + "/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    assert re.search(r"^memcache_mount_requests_total (\d+)$", metrics, re.M), metrics
+    assert int(re.search(r"^memcache_mount_requests_total (\d+)$", metrics, re.M).group(1)) >= 4
+    with urllib.request.urlopen(meta_url + "/health", timeout=10) as r:
+        assert json.loads(r.read())["status"] == "ok"
     # status covers the MetaService: down, it is named
     cluster.ssh("node01", "podman kill vllm-kv-pool-meta")
     out = playbook(cluster, "status", "-e", json.dumps(POOL), check=False)

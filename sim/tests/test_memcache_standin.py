@@ -1,11 +1,13 @@
 """The simulator's memcache_hybrid stand-in behaves as MemCache's documentation says where a rollout depends on it:
 TLS is on unless a file says otherwise (doc/memcache_config.md), a MetaService with TLS needs its certificates, and a
 client must agree with the MetaService on TLS and on the config store."""
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 from npuops_sim.loopback import free_port
 
@@ -43,8 +45,10 @@ def wait_listening(port, proc):
 
 
 def test_tls_is_on_unless_written_off_and_both_sides_must_agree(tmp_path):
-    meta, store = free_port(), free_port()
-    urls = "ock.mmc.meta_service_url = tcp://127.0.0.1:%d\n" % meta
+    meta, store, metrics = free_port(), free_port(), free_port()
+    # the metrics URL as vllm-ascend's kv_pool.md writes it (<ip>:<port>); MemCache serves /health and /metrics there
+    urls = "ock.mmc.meta_service_url = tcp://127.0.0.1:%d\nock.mmc.meta_service.metrics_url = 127.0.0.1:%d\n" % (
+        meta, metrics)
     local = urls + ("ock.mmc.local_service.config_store_url = tcp://127.0.0.1:%d\nock.mmc.local_service.world_size = "
                     "256\nock.mmc.local_service.protocol = device_sdma\nock.mmc.local_service.dram.size = 1GB\n" % store)
     # TLS on (nothing says otherwise) and no certificates: the MetaService does not start
@@ -55,6 +59,11 @@ def test_tls_is_on_unless_written_off_and_both_sides_must_agree(tmp_path):
     try:
         wait_listening(meta, proc)
         assert client(local + "ock.mmc.tls.enable = false\n", tmp_path).returncode == 0
+        with urllib.request.urlopen("http://127.0.0.1:%d/health" % metrics, timeout=5) as r:
+            assert json.loads(r.read())["status"] == "ok"
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics, timeout=5) as r:
+            assert r.headers["Content-Type"] == "text/plain; version=0.0.4"
+            assert "\nmemcache_mount_requests_total 1\n" in r.read().decode()
         refused = client(local, tmp_path)  # TLS on by default here, off at the MetaService
         assert refused.returncode != 0 and "TLS handshake with meta service" in refused.stdout
         other = client(local.replace(":%d\nock.mmc.local_service.world" % store, ":1\nock.mmc.local_service.world")

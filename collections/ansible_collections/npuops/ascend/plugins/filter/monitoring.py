@@ -105,6 +105,14 @@ def scrape_config(plan, settings=None):
         {"job_name": "npu_exporter", "metrics_path": "/metrics",
          "static_configs": exporter_targets(plan, s["exporter_port"], s.get("exporter_hosts"))},
     ]
+    pools = [(name, inst["kv_pool"]) for name, inst in sorted(plan["instances"].items()) if inst.get("kv_pool")]
+    if pools:
+        # the memcache KV pool's MetaService exports Prometheus text at GET /metrics on its metrics_url (MemCache's
+        # mmc_http_server.cpp, doc/memcache_restful_api.md)
+        jobs.append({"job_name": "memcache_meta", "metrics_path": "/metrics",
+                     "static_configs": [{"targets": [pool["metrics_url"]], "labels": {"instance": name,
+                                                                                     "host": pool["host"]}}
+                                        for name, pool in pools]})
     if s["gateway_targets"]:
         jobs.append({"job_name": "gateway", "metrics_path": "/metrics",
                      "static_configs": [{"targets": [t["target"]], "labels": {"host": t["host"]}}

@@ -7,15 +7,20 @@ Kimi-K3 page use (test infrastructure, not MemCache).
 - ``DistributedObjectStore().init(device_id, init_bm)`` (vllm-ascend's memcache_backend.py, ``_setup_store``) reads
   ``MMC_LOCAL_CONFIG_PATH``, connects to the MetaService and returns 0, or non-zero when it cannot (vllm-ascend then
   fails its ``assert res == 0``); a configuration it cannot read raises ValueError, as the real one does.
+- The MetaService's HTTP endpoint on ``ock.mmc.meta_service.metrics_url`` (``<ip>:<port>`` as kv_pool.md writes it,
+  or ``http://<ip>:<port>``): ``GET /health`` (JSON, status ok) and ``GET /metrics`` (Prometheus text, memcache_*
+  counters), as MemCache's mmc_http_server.cpp registers them (doc/memcache_restful_api.md).
 The keys are those of vllm-ascend's kv_pool.md (releases/v0.23.0, "Configuring the memcache Config File"). TLS is
 on where a file does not say ``ock.mmc.tls.enable = false`` (MemCache's doc/memcache_config.md default): the
 MetaService then needs its certificate files, and a client whose TLS setting differs from the MetaService's fails.
 """
+import json
 import os
 import socket
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 META_KEYS = ("ock.mmc.meta_service_url", "ock.mmc.meta_service.config_store_url")
 LOCAL_KEYS = ("ock.mmc.meta_service_url", "ock.mmc.local_service.config_store_url", "ock.mmc.local_service.world_size",
@@ -64,6 +69,47 @@ def endpoint(url):
     return host, int(port)
 
 
+def http_endpoint(url):
+    address = url[len("http://"):] if url.startswith("http://") else url
+    host, _sep, port = address.rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError("%r is not <ip>:<port>" % url)
+    return host, int(port)
+
+
+COUNTS = {"connections": 0}
+COUNTS_LOCK = threading.Lock()
+
+
+class MetricsHandler(BaseHTTPRequestHandler):
+    def log_message(self, *_args):
+        pass
+
+    def do_GET(self):
+        if self.path == "/health":
+            body, kind = json.dumps({"status": "ok", "role": "leader", "ha_state": "serving", "service_ready": True,
+                                     "leader_address": "unknown", "view_version": 0}), "application/json; charset=utf-8"
+        elif self.path == "/metrics":
+            with COUNTS_LOCK:
+                hellos = COUNTS["connections"]
+            lines = []
+            for name, help_text, value in (
+                    ("memcache_alloc_requests_total", "Total number of Alloc requests", 0),
+                    ("memcache_get_requests_total", "Total number of Get requests", 0),
+                    ("memcache_mount_requests_total", "Total number of Mount requests", hellos)):
+                lines += ["# HELP %s %s" % (name, help_text), "# TYPE %s counter" % name, "%s %d" % (name, value)]
+            body, kind = "\n".join(lines) + "\n", "text/plain; version=0.0.4"
+        else:
+            self.send_error(404)
+            return
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
 class MetaService(object):
     @staticmethod
     def main():
@@ -90,6 +136,13 @@ class MetaService(object):
                 sys.exit(1)
             srv.listen(256)
             servers.append((srv, what))
+        metrics = conf.get("ock.mmc.meta_service.metrics_url", "127.0.0.1:8000")
+        try:
+            http = ThreadingHTTPServer(http_endpoint(metrics), MetricsHandler)
+        except (OSError, ValueError) as e:
+            log("ERROR", "metrics http server on %s failed: %s" % (metrics, e))
+            sys.exit(1)
+        threading.Thread(target=http.serve_forever, daemon=True).start()
         for srv, what in servers:
             threading.Thread(target=MetaService._serve, args=(srv, conf), daemon=True).start()
         log("INFO", "meta service started at %s, config store at %s" % (conf[META_KEYS[0]], conf[META_KEYS[1]]))
@@ -102,7 +155,9 @@ class MetaService(object):
             conn, _peer = srv.accept()
             try:
                 f = conn.makefile("rw")
-                f.readline()
+                if f.readline().startswith("HELLO "):  # a client's store mounting (not a bare connect)
+                    with COUNTS_LOCK:
+                        COUNTS["connections"] += 1
                 # the client checks it names the same config store and speaks the same TLS
                 f.write("OK %s %s\n" % (conf[META_KEYS[1]], "tls" if tls_on(conf) else "plain"))
                 f.flush()

@@ -180,3 +180,16 @@ def test_a_rule_naming_an_unknown_setting_is_an_error(monkeypatch):
         {"alert": "X", "expr": "up > <<no_such_setting>>", "for": "1m", "severity": "warning", "summary": "x"}]})
     with pytest.raises(monitoring.AnsibleFilterError, match="<<no_such_setting>> is not a monitoring setting"):
         monitoring.alert_rules()
+
+
+def test_the_memcache_metaservice_is_scraped_at_its_metrics_url():
+    groups, hv = inventory(16)
+    groups["prefill"], groups["decode"] = groups["npu_nodes"][:8], groups["npu_nodes"][8:16]
+    for h in hv:
+        hv[h].update(npuops_proxy_host="node01", npuops_kv_pool="memcache")
+    config = monitoring.scrape_config(topology.plan_topology(groups, hv, tier_spec("8p8d_pd")))
+    jobs = dict((j["job_name"], j) for j in config["scrape_configs"])
+    # the MetaService runs on the proxy host; its metrics_url (mmc-meta.conf) is the pool host's address, port 8090
+    assert jobs["memcache_meta"] == {"job_name": "memcache_meta", "metrics_path": "/metrics", "static_configs": [
+        {"targets": ["10.0.0.11:8090"], "labels": {"instance": "main", "host": "node01"}}]}
+    assert "memcache_meta" not in [j["job_name"] for j in monitoring.scrape_config(pd_plan())["scrape_configs"]]
