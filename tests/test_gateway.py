@@ -208,7 +208,10 @@ def test_the_stats_endpoint_is_the_floating_address_with_one_entry_per_instance(
     assert stats["endpoint"] == "http://%s:8000" % cluster.vip
     assert sorted(stats["instances"]) == ["a", "b"]
     assert stats["instances"]["b"] == {"endpoint": "http://%s:8000" % cluster.ip("node03"),
-                                       "hosts": ["node03", "node04"]}
+                                       "hosts": ["node03", "node04"], "model": {
+                                           "served_model_name": "kimi-k3", "preset": "kimi_k3_w4a8",
+                                           "model_dir": "/srv/models/kimi-k3-w4a8",
+                                           "recipe": "gpuworks_kimi_k3_1_pro_2node_a3"}}
 
 
 def test_admin_socket_and_stats_are_local_only(cluster):
@@ -417,3 +420,69 @@ def test_tenant_mode_routes_each_key_to_its_instance_and_refuses_unknown_keys(cl
         assert cluster.api.nsenter(gw, ["stat", "-c", "%a", "/etc/haproxy/npuops-tenants.map"]).stdout.strip() == "600"
         logs = cluster.api.nsenter(gw, ["sh", "-c", "cat /var/log/haproxy.log 2>/dev/null; true"]).stdout
         assert "tenant-a-0123456789" not in logs
+
+
+def completion_model(url):
+    """One small completion through `url`: -> (status, the server's name, the model the answer names)."""
+    req = urllib.request.Request(url + "/v1/completions", method="POST", data=json.dumps(
+        {"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.headers.get("X-Npuops-Server"), json.loads(r.read())["model"]
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("X-Npuops-Server"), None
+    except OSError:
+        return None, None, None
+
+
+def test_replicas_on_different_weights_canary_answers_each_with_its_own_model_and_status_names_them(cluster, tmp_path):
+    """The planning article's usage B: instance b moves to a new weight set (its own directory, its own name) while a
+    keeps the stable one, behind a 10/90 canary. The weights go to b's nodes only, only b restarts (rolling, through
+    the gateway), each instance answers with its own model name, and status names the model per instance."""
+    v2 = "/srv/models/kimi-k3-w4a8-v2"
+    sim("weights", "--node", "3", "--size", "16M", "--files", "2", "--dir", v2)
+    # the operator's inventory: the cluster's, with instance b's own weights in group_vars/instance_b.yml
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(open(cluster.inventory).read())
+    (inv / "group_vars" / "all.yml").write_text(
+        open(os.path.join(REPO, "inventories", "sim", "group_vars", "all.yml")).read()
+        + "npuops_gateway_mode: canary\nnpuops_gateway_weights: {a: 10, b: 90}\n")
+    (inv / "group_vars" / "instance_b.yml").write_text(
+        "npuops_model_dir: %s\nnpuops_model_overrides: {weights_bytes: 4000000000, served_model_name: kimi-k3-v2}\n"
+        % v2)
+    operator = type("Inventory", (), {"inventory": str(inv / "hosts.yml")})()
+    rolled = tmp_path / "rolled.json"
+    rolled.write_text(json.dumps(ROLLED))  # the inventory as the earlier rollout left it
+    a_started = cluster.started(["node01", "node02"])
+    # the canary first (the gateway alone, as test_canary_weights... does), then the new weights on b
+    playbook(operator, "gateway", "-l", "gateway", "-e", "@%s" % rolled, timeout=300)
+    with Load(cluster.url) as load:
+        rc, out, stats = runner(operator, tmp_path, "site", "--skip-tags bench,preflight,monitor -e @%s" % rolled)
+    assert rc == 0, out[-4000:]
+    assert load.failed == 0, load.results[-10:]
+    outcome = stats["npuops"]
+    assert outcome["deploy"]["restarted"] == ["b/main"], outcome["deploy"]
+    assert cluster.started(["node01", "node02"]) == a_started  # a was not touched
+    assert [(s["dir"], s["instances"], s["copied_to"]) for s in outcome["weights"]["sets"]] == [
+        ("/srv/models/kimi-k3-w4a8", ["a"], []), (v2, ["b"], ["node04"])]
+    assert outcome["weights"]["sets"][1]["seed"] == "node03"
+    for node in ("node01", "node02"):  # a's nodes never receive b's weights
+        assert cluster.ssh(node, "test -e %s && echo there || echo absent" % v2).stdout.strip() == "absent"
+    assert outcome["instances"]["b"]["model"] == {"served_model_name": "kimi-k3-v2", "preset": "kimi_k3_w4a8",
+                                                  "model_dir": v2, "recipe": outcome["recipe"]}
+    assert outcome["instances"]["a"]["model"]["served_model_name"] == "kimi-k3"
+
+    answers = [completion_model(cluster.url) for _ in range(100)]
+    assert {a[0] for a in answers} == {200}
+    # the canary reaches both, and each answers with its own model's name (n=100, p=0.1: a between 1 and 24)
+    assert {(server, model) for _s, server, model in answers} == {("a-1", "kimi-k3"), ("b-1", "kimi-k3-v2")}
+    assert 1 <= sum(1 for a in answers if a[1] == "a-1") <= 24
+
+    rc, out, stats = runner(operator, tmp_path, "status", "-e @%s" % rolled)
+    assert rc == 0 and stats["npuops_status"]["healthy"] is True, out[-3000:]
+    assert stats["npuops_status"]["instances"]["b"]["model"]["served_model_name"] == "kimi-k3-v2"
+    text = " ".join(out.split())
+    assert re.search(r"b: healthy \(node03, node04\) - a token in .*?; serves kimi-k3-v2 from %s" % v2, text), text[-3000:]
+    assert re.search(r"a: healthy \(node01, node02\) - a token in .*?; serves kimi-k3 from /srv/models/kimi-k3-w4a8 ",
+                     text), text[-3000:]

@@ -12,6 +12,7 @@ from npuops_sim.testing import BIN, run
     ("a3-4node", 4, "http://192.168.100.11:8000"),
     ("a3-8p8d", 16, "http://192.168.100.11:8080"),
     ("a3-8node-ha", 8, "http://192.168.100.250:8000"),
+    ("a3-8node-canary", 8, "http://192.168.100.250:8000"),
     ("a2-8node", 8, "http://192.168.110.11:8000"),
     ("a3-8node-1m", 8, "http://192.168.120.11:8000"),
     ("a3-4p2d", 6, "http://192.168.130.11:8080"),
@@ -23,17 +24,58 @@ def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
     plan = json.loads(out.read_text())
     assert len(plan["hosts"]) == hosts and plan["endpoint"] == endpoint
     # what each host runs is its recipe plus only rows of the deviations table (the example inventories override
-    # nothing)
+    # nothing, but the canary's instance b names its own model)
     for host, entry in plan["hosts"].items():
-        assert entry["recipe"] and all((d["why"] or "").startswith("deviation ") for d in entry["recipe_diff"]), host
+        assert entry["recipe"] and all((d["why"] or "").startswith("deviation ") or (
+            inventory == "a3-8node-canary" and d["key"] == "--served-model-name") for d in entry["recipe_diff"]), host
     leaders = [h for h, e in plan["hosts"].items() if e["role"] == "leader"]
-    assert len(leaders) == (2 if inventory in ("a3-8p8d", "a3-8node-ha", "a3-4p2d") else 1)
+    assert len(leaders) == (2 if inventory in ("a3-8p8d", "a3-8node-ha", "a3-8node-canary", "a3-4p2d") else 1)
     if inventory == "a3-4p2d":
         assert plan["instances"]["main"]["shape"] == "4P2D"
         assert plan["instances"]["main"]["proxy"]["container"]["argv"][-3:] == ["--decoder-ports", "8000", "8000"]
     if inventory == "a3-8node-ha":
         assert plan["instances"]["a"]["endpoint"] == "http://192.168.100.11:8000"
         assert plan["instances"]["b"]["endpoint"] == "http://192.168.100.15:8000"
+    if inventory == "a3-8node-canary":
+        assert_the_canary_serves_two_weight_sets(plan)
+
+
+def argv_value(argv, flag):
+    """The words after `flag` up to the next flag."""
+    i = argv.index(flag) + 1
+    out = []
+    while i < len(argv) and not argv[i].startswith("--"):
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def assert_the_canary_serves_two_weight_sets(plan):
+    """The planning article's usage B: instance b serves other weights under its own name, and the service's too."""
+    assert plan["instances"]["a"]["model"] == {"served_model_name": "kimi-k3", "preset": "kimi_k3_w4a8",
+                                               "model_dir": "/data/models/Kimi-K3-W4A8",
+                                               "recipe": "kimi_k3_tutorial_4node_a3"}
+    assert plan["instances"]["b"]["model"] == {"served_model_name": "kimi-k3-w4a8-v2", "preset": "kimi_k3_w4a8",
+                                               "model_dir": "/data/models/Kimi-K3-W4A8-v2",
+                                               "recipe": "kimi_k3_tutorial_4node_a3"}
+    for n in range(1, 9):
+        host = plan["hosts"]["a3-node-%02d" % n]
+        argv, mounts = host["container"]["argv"], host["container"]["mounts"]
+        if n <= 4:
+            assert argv[:3] == ["vllm", "serve", "/data/models/Kimi-K3-W4A8"], argv
+            assert argv_value(argv, "--served-model-name") == ["kimi-k3"]
+            assert "/data/models/Kimi-K3-W4A8:/data/models/Kimi-K3-W4A8:ro" in mounts
+            assert not any("W4A8-v2" in m for m in mounts)
+        else:
+            assert argv[:3] == ["vllm", "serve", "/data/models/Kimi-K3-W4A8-v2"], argv
+            # its own name first (vLLM answers with it), the service's second (vLLM accepts it)
+            assert argv_value(argv, "--served-model-name") == ["kimi-k3-w4a8-v2", "kimi-k3"]
+            assert "/data/models/Kimi-K3-W4A8-v2:/data/models/Kimi-K3-W4A8-v2:ro" in mounts
+            assert "/data/models/Kimi-K3-W4A8:/data/models/Kimi-K3-W4A8:ro" not in mounts
+            row = [d for d in host["recipe_diff"] if d["key"] == "--served-model-name"][0]
+            assert row == {"kind": "flag", "key": "--served-model-name", "recipe": "kimi-k3",
+                           "runs": "kimi-k3-w4a8-v2 kimi-k3",
+                           "why": "npuops_model_overrides.served_model_name, deviation service_model_name"}
 
 
 def test_a_broken_inventory_fails_once_with_every_problem(tmp_path):

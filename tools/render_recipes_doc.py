@@ -19,7 +19,9 @@ DOC = os.path.join(REPO, "docs", "recipes.md")
 PLAN_VALUES = [
     ("model_dir", "npuops_model_dir"),
     ("tokenizer_dir", "npuops_tokenizer_dir, or the model directory"),
-    ("served_model_name", "the model preset's served_model_name"),
+    ("served_model_name", "the served_model_name of the instance's model preset (with its npuops_model_overrides)"),
+    ("service_model_name", "the service's name behind a gateway that mixes the instances: the first instance's "
+                           "served_model_name"),
     ("node_ip", "the host's npuops_node_ip"),
     ("leader_address", "npuops_node_ip of its engine group's leader"),
     ("nic", "the host's npuops_nic"),
@@ -98,7 +100,7 @@ def render():
             out += [code(body["command"]), ""]
     out += ["## Deviations", "",
             "Everything npuops adds to or changes in a recipe (`data/deviations.yml`). `if absent`: only where the "
-            "recipe does not set it itself.", "",
+            "recipe does not set it itself; `after the overrides`: on what the operator's overrides left.", "",
             "| Row | Changes | To | Applies to | Why | Source |", "|---|---|---|---|---|---|"]
     for row in recipes.deviations():
         what = ("flag `%s`" % row["flag"]) if "flag" in row else ("env `%s`" % row["env"]) if "env" in row else \
@@ -116,6 +118,8 @@ def render():
                           for k, v in when.items()) or "all"
         if row.get("if_absent"):
             where += " (if absent)"
+        if row.get("after_overrides"):
+            where += " (after the overrides)"
         out.append("| `%s` | %s | %s | %s | %s | %s |" % (row["id"], what, to, where, " ".join(row["reason"].split()),
                                                          row["source"]))
     out += ["", "## Plan values", "", "What a recipe's `variables` and a deviation row's `{placeholders}` name.", "",

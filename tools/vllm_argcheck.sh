@@ -35,7 +35,8 @@ done
 [ "${1:-}" != --prepare ] || exit 0  # make test builds the venvs in the background while lint, unit and sanity run
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-for inv in a3-2node a3-4node a3-8p8d; do
+# a3-8node-canary: an instance that serves two names (--served-model-name is nargs="+")
+for inv in a3-2node a3-4node a3-8p8d a3-8node-canary; do
   ANSIBLE_CONFIG="$PWD/ansible.cfg" .venv/bin/ansible-playbook -i "inventories/$inv" playbooks/plan.yml \
     -e "plan_output=$out/$inv.json" >/dev/null
 done

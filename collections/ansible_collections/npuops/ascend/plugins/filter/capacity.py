@@ -122,7 +122,17 @@ def capacity_problems(tier, preset, hbm_total_mb=65536):
     return out
 
 
+def instance_capacity_problems(specs, hbm_total_mb=65536):
+    """capacity_problems of every instance (filter instance_specs: its tier document and model), each line naming
+    the instance when there are several (replicas may serve different models)."""
+    out = []
+    for name, spec in (specs or {}).items():
+        prefix = "instance %s: " % name if len(specs) > 1 else ""
+        out.extend(prefix + p for p in capacity_problems(spec["tier"], spec["model_spec"], hbm_total_mb))
+    return out
+
+
 class FilterModule(object):
     def filters(self):
         return {"capacity_plan": capacity_plan, "capacity_by_group": capacity_by_group,
-                "capacity_problems": capacity_problems}
+                "capacity_problems": capacity_problems, "instance_capacity_problems": instance_capacity_problems}

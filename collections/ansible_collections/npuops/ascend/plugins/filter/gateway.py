@@ -77,8 +77,8 @@ def _server_lines(gateway, instances, backup=(), weights=None):
 
 
 def haproxy_config(gateway, model, options=None):
-    """haproxy.cfg for the plan's gateway. `model` is the served model name (the health check's completion asks
-    for it); `options`: weights ({instance: 0-256}, canary), api_key (the engines' key, sent by the checks),
+    """haproxy.cfg for the plan's gateway. `model` is the service's served model name (the health check's completion
+    asks for it; in tenant mode each backend asks for its instance's own, the plan's gateway.models); `options`: weights ({instance: 0-256}, canary), api_key (the engines' key, sent by the checks),
     tenants (truthy in tenant mode: the keys themselves live in the map file, never here)."""
     options = options or {}
     mode = gateway["mode"]
@@ -135,7 +135,8 @@ def haproxy_config(gateway, model, options=None):
         lines += ["    use_backend %%[var(txn.npuops_key),map(%s)]" % TENANT_MAP, ""]
         for inst in insts:
             lines += ["backend %s" % backend_of(inst), "    balance leastconn"]
-            lines += _check_lines(model, options.get("api_key")) + _server_lines(gateway, [inst]) + [""]
+            own = (gateway.get("models") or {}).get(inst) or model
+            lines += _check_lines(own, options.get("api_key")) + _server_lines(gateway, [inst]) + [""]
         return "\n".join(lines) + "\n"
     lines += ["    default_backend %s" % SERVICE_BACKEND, "", "backend %s" % SERVICE_BACKEND]
     if mode == "active_standby":

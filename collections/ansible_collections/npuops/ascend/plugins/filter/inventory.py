@@ -25,9 +25,11 @@ from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import host
 
 ENGINES = ("docker", "podman", "isula")
 INSTANCE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
-# the same on every node of the whole inventory, and the same within each instance
-CLUSTER_WIDE = ("npuops_tier", "npuops_model", "npuops_model_dir", "npuops_tokenizer_dir", "npuops_container_engine")
-PER_INSTANCE = ("npuops_image",)
+# the same on every node of the whole inventory, and the same within each instance (replicas may serve different
+# weights: the planning article's canary of a new quantized version on one cluster beside the stable one)
+CLUSTER_WIDE = ("npuops_tier", "npuops_container_engine")
+PER_INSTANCE = ("npuops_image", "npuops_model", "npuops_model_dir", "npuops_tokenizer_dir", "npuops_recipe",
+                "npuops_model_overrides")
 
 
 def _ipv4(value):
@@ -155,6 +157,37 @@ def _instance_problems(tier, name, members, groups, hostvars):
     return problems
 
 
+def _model_problems(tier, name, members, hostvars, presets):
+    """What one instance serves: its model preset and overrides, its recipe (for the tier), its model and tokenizer
+    directories. -> (problems, the tier with the instance's recipe, or None when it cannot be chosen)."""
+    first = members[0]
+    where = " (instance %s)" % name if name != topology.DEFAULT_INSTANCE else ""
+    problems = []
+    model = hostvar(hostvars, first, "npuops_model")
+    if model not in presets:
+        problems.append("npuops_model = %r%s is not a model preset; use one of %s (or add a preset to "
+                        "npuops_model_presets)" % (model, where, ", ".join(sorted(presets))))
+    else:
+        problems.extend(p + where for p in override_problems(
+            presets[model], hostvar(hostvars, first, "npuops_model_overrides", {})))
+    itier = None
+    if tier is not None and model in presets:
+        try:
+            recipe = recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None, tier["name"], model)
+            itier = recipes.tier_with_recipe(tier, recipe)
+        except recipes.RecipeError as e:
+            problems.append("npuops_recipe%s: %s" % (where, e))
+    model_dir = hostvar(hostvars, first, "npuops_model_dir")
+    if not isinstance(model_dir, str) or not model_dir.startswith("/"):
+        problems.append("npuops_model_dir = %r%s must be an absolute path on the nodes, e.g. "
+                        "/data/models/Kimi-K3-W4A8" % (model_dir, where))
+    tokenizer_dir = hostvar(hostvars, first, "npuops_tokenizer_dir") or ""
+    if not isinstance(tokenizer_dir, str) or (tokenizer_dir and not tokenizer_dir.startswith("/")):
+        problems.append("npuops_tokenizer_dir = %r%s must be an absolute path on the nodes (e.g. "
+                        "/data/models/Kimi-K3-tokenizer) or empty for the model directory" % (tokenizer_dir, where))
+    return problems, itier
+
+
 def validate(groups, hostvars, presets, tiers=None):
     """-> list of problem strings (empty when the inventory is fine)."""
     tiers = catalog.tiers() if tiers is None else tiers
@@ -182,26 +215,12 @@ def validate(groups, hostvars, presets, tiers=None):
         problems.extend(count_problems)
         tier = None if count_problems else topology.sized(tier, hostvars, first)
         problems.extend(topology.tier_problems(tier) if tier else [])
-    model = hostvar(hostvars, first, "npuops_model")
-    if model not in presets:
-        problems.append("npuops_model = %r is not a model preset; use one of %s (or add a preset to "
-                        "npuops_model_presets)" % (model, ", ".join(sorted(presets))))
-    else:
-        problems.extend(override_problems(presets[model], hostvar(hostvars, first, "npuops_model_overrides", {})))
-    if tier is not None and model in presets:
-        try:
-            recipe = recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None, tier_name, model)
-            tier = recipes.tier_with_recipe(tier, recipe)
-        except recipes.RecipeError as e:
-            problems.append("npuops_recipe: %s" % e)
-    model_dir = hostvar(hostvars, first, "npuops_model_dir")
-    if not isinstance(model_dir, str) or not model_dir.startswith("/"):
-        problems.append("npuops_model_dir = %r must be an absolute path on the nodes, e.g. /data/models/Kimi-K3-W4A8"
-                        % (model_dir,))
-    tokenizer_dir = hostvar(hostvars, first, "npuops_tokenizer_dir") or ""
-    if not isinstance(tokenizer_dir, str) or (tokenizer_dir and not tokenizer_dir.startswith("/")):
-        problems.append("npuops_tokenizer_dir = %r must be an absolute path on the nodes (e.g. "
-                        "/data/models/Kimi-K3-tokenizer) or empty for the model directory" % (tokenizer_dir,))
+    instances = topology.instances_of(groups, hostvars)
+    instance_tiers = {}
+    for name, members in instances.items():
+        model_problems, itier = _model_problems(tier, name, members, hostvars, presets)
+        problems.extend(model_problems)
+        instance_tiers[name] = itier
     for h in nodes:
         image = hostvar(hostvars, h, "npuops_image")
         if not isinstance(image, str) or not image.strip() or " " in image:
@@ -217,9 +236,8 @@ def validate(groups, hostvars, presets, tiers=None):
         problems.append("npuops_instance is set on %s but not on %s; give every host of npu_nodes its instance (or "
                         "none: one instance)" % (", ".join(named), ", ".join(h for h in nodes if h not in named)))
     elif tier is not None and not topology.tier_problems(tier):
-        instances = topology.instances_of(groups, hostvars)
         for name, members in instances.items():
-            problems.extend(_instance_problems(tier, name, members, groups, hostvars))
+            problems.extend(_instance_problems(instance_tiers[name] or tier, name, members, groups, hostvars))
         if tier.get("proxy"):
             owners = {}
             for name, members in instances.items():
@@ -236,7 +254,7 @@ def validate(groups, hostvars, presets, tiers=None):
 
     if not problems and tier is not None and tier.get("proxy"):
         # the plan is sound now: does a proxy sit on one of its own engine's ports?
-        plan = topology.plan(groups, hostvars, tier)
+        plan = topology.plan(groups, hostvars, tier, dict((n, {"tier": t}) for n, t in instance_tiers.items() if t))
         for name, inst in sorted(plan["instances"].items()):
             proxy = inst["proxy"]
             engine = plan["hosts"].get(proxy["host"])
@@ -244,7 +262,7 @@ def validate(groups, hostvars, presets, tiers=None):
                 problems.append("npuops_proxy_port %d (instance %s) collides with the engine's own ports on %s; "
                                 "pick another" % (proxy["port"], name, proxy["host"]))
 
-    problems.extend(gateway_problems(groups, hostvars, nodes, topology.instances_of(groups, hostvars)))
+    problems.extend(gateway_problems(groups, hostvars, nodes, instances))
     problems.extend(address_problems(planned, hostvars))
     problems.extend(instance_group_problems(groups, hostvars, nodes, tier))
 
@@ -516,6 +534,33 @@ def tier_document(name, recipe=None, hostvars=None, host=None):
     return topology.sized(tier, hostvars, host) if hostvars is not None and host else tier
 
 
+def instance_specs(groups, hostvars, presets):
+    """{instance: what it serves}, from the variables of its first host (the validator has checked they are the same
+    on each of its hosts): model (the preset's name), model_spec, model_overrides, served_model_name, model_dir,
+    tokenizer_dir, image, recipe (the document) and tier (the tier document with that recipe's ports). Replicas may
+    serve different weights; one instance's values are the old cluster-wide ones."""
+    out = {}
+    for name, members in topology.instances_of(groups, hostvars).items():
+        first = members[0]
+        tier_name, model = hostvar(hostvars, first, "npuops_tier"), hostvar(hostvars, first, "npuops_model")
+        if model not in presets:
+            raise AnsibleFilterError("instance_specs: npuops_model = %r (instance %s) is not a model preset" % (model, name))
+        try:
+            recipe = recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None, tier_name, model)
+        except recipes.RecipeError as e:
+            raise AnsibleFilterError("instance_specs: instance %s: %s" % (name, e))
+        overrides = hostvar(hostvars, first, "npuops_model_overrides", {}) or {}
+        spec = model_spec(presets, model, overrides, recipe)
+        out[name] = {"model": model, "model_spec": spec, "model_overrides": overrides,
+                     "served_model_name": spec.get("served_model_name"),
+                     "model_dir": hostvar(hostvars, first, "npuops_model_dir"),
+                     "tokenizer_dir": hostvar(hostvars, first, "npuops_tokenizer_dir") or "",
+                     "image": hostvar(hostvars, first, "npuops_image"),
+                     "recipe": recipe, "tier": tier_document(tier_name, recipe, hostvars, first)}
+    return out
+
+
 class FilterModule(object):
     def filters(self):
-        return {"validate_inventory": validate_inventory, "tier_document": tier_document, "model_spec": model_spec}
+        return {"validate_inventory": validate_inventory, "tier_document": tier_document, "model_spec": model_spec,
+                "instance_specs": instance_specs}

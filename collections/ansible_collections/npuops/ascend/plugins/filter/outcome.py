@@ -8,6 +8,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+from ansible_collections.npuops.ascend.plugins.filter import topology
 from ansible_collections.npuops.ascend.plugins.plugin_utils import results
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
@@ -64,6 +65,9 @@ def _weights(w):
            "copied_to": list(w.get("receivers") or [])}
     if w.get("tokenizer"):  # the tokenizer directory, copied after the weights when it lies outside them
         out["tokenizer"] = dict(_weights(w["tokenizer"]), dir=w["tokenizer"].get("dir"), seed=w.get("seed"))
+    if w.get("sets"):  # replicas on different weights: each set, copied to its own instances' nodes
+        out["sets"] = [dict(_weights(dict(one, sets=None)), dir=one.get("dir"), instances=one.get("instances"))
+                       for one in w["sets"]]
     return out
 
 
@@ -86,9 +90,11 @@ def rollout_outcome(plan, model_spec, stages=None):
     plan, stages = plan or {}, stages or {}
     failed = stages.get("failed")
     out = {"ok": not failed, "failed": failed or None, "endpoint": plan.get("endpoint"),
-           "model": (model_spec or {}).get("served_model_name"), "tier": plan.get("tier"),
+           "model": plan.get("served_model_name") or (model_spec or {}).get("served_model_name"),
+           "tier": plan.get("tier"),
            "nodes": sorted(plan.get("hosts") or []),
-           "instances": dict((name, {"endpoint": inst.get("endpoint"), "hosts": inst.get("hosts")})
+           "instances": dict((name, {"endpoint": inst.get("endpoint"), "hosts": inst.get("hosts"),
+                                     "model": topology.instance_model(inst)})
                              for name, inst in sorted((plan.get("instances") or {}).items())),
            "recipe": stages.get("recipe"), "images": images_of(stages.get("preflight")),
            "bench_report": (stages.get("bench") or {}).get("report")}

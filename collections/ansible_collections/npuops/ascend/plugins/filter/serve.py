@@ -18,7 +18,7 @@ import hashlib
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.npuops.ascend.plugins.filter.topology import DEFAULT_INSTANCE
+from ansible_collections.npuops.ascend.plugins.filter.topology import DEFAULT_INSTANCE, instance_model
 from ansible_collections.npuops.ascend.plugins.module_utils import manifest, vllm_cli
 from ansible_collections.npuops.ascend.plugins.plugin_utils import board, recipes, values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
@@ -93,6 +93,7 @@ def plan_values(entry, ports, hostvars, host, model, options, dies, pd=None, poo
         "tp": entry["tp"], "pp": entry["pp"], "dp": entry["dp"], "dp_local": entry["dp_local"],
         "dp_start_rank": entry["dp_start_rank"], "node_rank": entry["node_rank"], "nodes": entry["nodes"],
         "kv_port": entry.get("kv_port"), "engine_id": engine_id,
+        "service_model_name": options.get("service_model_name") or model.get("served_model_name"),
         "visible_devices": ",".join(str(i) for i in range(dies)),
         "mmc_local_conf": pool["local_conf"] if pool else None,
         **(pd or {})
@@ -107,10 +108,14 @@ def engine_command(entry, recipe, values, model, overrides, vllm_overrides, env_
     recipe_spec, recipe_env = recipes.render(recipe, role, values)
     spec, env = copy.deepcopy(recipe_spec), dict(recipe_env)
     reasons = {}
-    for row in recipes.apply_deviations(recipe, role, entry, values, spec, env, rows):
-        where = ("flag", row["flag"]) if "flag" in row else ("env", row["env"])
-        # rows that change one JSON flag in turn are all named
-        reasons[where] = (reasons[where] + ", " if where in reasons else "") + "deviation " + row["id"]
+
+    def deviate(late):
+        for row in recipes.apply_deviations(recipe, role, entry, values, spec, env, rows, late):
+            where = ("flag", row["flag"]) if "flag" in row else ("env", row["env"])
+            # rows that change one JSON flag in turn are all named
+            reasons[where] = (reasons[where] + ", " if where in reasons else "") + "deviation " + row["id"]
+
+    deviate(False)
     for key in sorted(overrides or {}):
         if key in vllm_cli.FLAGS and model.get(key) is not None:
             if key == "kv_cache_dtype" and model[key] == "auto":
@@ -131,6 +136,7 @@ def engine_command(entry, recipe, values, model, overrides, vllm_overrides, env_
     for key, value in (env_overrides or {}).items():
         env[key] = str(value)
         reasons[("env", key)] = "npuops_env_overrides.%s" % key
+    deviate(True)
     left = sorted("%s=%s" % (k, v) for k, v in env.items() if recipes.unbound(v))
     if left:
         raise RenderError("recipe %s, role %s: %s: no plan value binds these variables and no deviation row "
@@ -153,29 +159,47 @@ def labels(entry, tier):
             "io.npuops.group": entry.get("group") or "proxy", "io.npuops.role": entry["role"]}
 
 
+def instance_options(options, model, instance):
+    """(options, model spec) of one instance: what it serves (options["instances"], filter instance_specs: its recipe,
+    model spec and overrides, model and tokenizer directories, image) over the cluster-wide ones."""
+    serves = (options.get("instances") or {}).get(instance)
+    if not serves:
+        return dict(options), model
+    out = dict(options)
+    out.update((k, serves[k]) for k in ("recipe", "model_overrides", "model_dir", "tokenizer_dir", "image") if k in serves)
+    return out, serves.get("model_spec") or model
+
+
 def serve_containers(plan, hostvars, tier, model, options):
     """-> {host: {"engine": container or None, "proxy": container or None}}.
 
     `options`: recipe (the recipe document, data/recipes), model_overrides (npuops_model_overrides), model_dir,
     tokenizer_dir, image, name (engine container), proxy_name, shm_size, privileged, devices (physical ids, default
-    0..dies-1). A container: {name, image, command, env, devices, mounts, shm_size, privileged, labels, ready_url,
+    0..dies-1), instances (filter instance_specs: what each instance serves, over the others). A container: {name, image, command, env, devices, mounts, shm_size, privileged, labels, ready_url,
     peers, instance, group, group_key, role, recipe, recipe_diff}.
     """
     dies = int(tier.get("dies_per_node", 16))
     privileged = values.to_bool(options.get("privileged", False))
-    recipe = options["recipe"]
-    tokenizer_dir = options.get("tokenizer_dir") or options["model_dir"]
-    # the weights stage copies the tokenizer directory when it lies outside the model directory: mounted as well
-    weight_dirs = [path for _part, path in manifest.directories(options["model_dir"], tokenizer_dir)]
     rows = recipes.deviations()  # read once for every host
+    gateway = plan.get("gateway") or {}
+    # a gateway that mixes the instances sends them requests for the service's name (the first instance's)
+    mixing = bool(gateway) and gateway.get("mode") != "tenant"
+    service_model = plan.get("served_model_name")
     out = {}
     for host, entry in sorted(plan["hosts"].items()):
         instance = plan["instances"][entry["instance"]]
+        iopts, imodel = instance_options(options, model, entry["instance"])
+        iopts["service_model_name"] = service_model if mixing else None
+        recipe = iopts["recipe"]
+        # the weights stage copies the tokenizer directory when it lies outside the model directory: mounted as well
+        weight_dirs = [path for _part, path in manifest.directories(
+            iopts["model_dir"], iopts.get("tokenizer_dir") or iopts["model_dir"])]
         pool = instance.get("kv_pool")
-        plan_vals = plan_values(entry, instance["ports"], hostvars, host, model, options, dies, pd_sizes(instance), pool)
+        plan_vals = plan_values(entry, instance["ports"], hostvars, host, imodel, iopts, dies, pd_sizes(instance), pool)
+        alias = mixing and bool(service_model) and service_model != imodel.get("served_model_name")
         try:
             spec, env, recipe_spec, recipe_env, reasons = engine_command(
-                entry, recipe, plan_vals, model, options.get("model_overrides"),
+                dict(entry, service_alias=alias), recipe, plan_vals, imodel, iopts.get("model_overrides"),
                 hostvar(hostvars, host, "npuops_vllm_overrides", {}), hostvar(hostvars, host, "npuops_env_overrides"),
                 rows)
             argv = recipes.setup_argv(recipe, recipes.role_of(entry)) + vllm_cli.render(spec)
@@ -187,7 +211,7 @@ def serve_containers(plan, hostvars, tier, model, options):
         peers = rendezvous_peer(spec) if entry["role"] == "worker" else []
         out[host] = {"engine": {
             "name": options.get("name", "vllm"),
-            "image": hostvar(hostvars, host, "npuops_image", options["image"]),
+            "image": hostvar(hostvars, host, "npuops_image", iopts["image"]),
             "command": argv,
             "env": env,
             "devices": ["/dev/davinci%d" % int(d) for d in devices] + MGMT_DEVICES,
@@ -223,7 +247,8 @@ def serve_containers(plan, hostvars, tier, model, options):
             entry = {"instance": name, "group": "kv_pool", "role": "kv_pool"}
             out.setdefault(pool["host"], {"engine": None, "proxy": None})["kv_pool"] = {
                 "name": options.get("kv_pool_name", "vllm-kv-pool-meta"),
-                "image": hostvar(hostvars, instance["hosts"][0], "npuops_image", options["image"]),
+                "image": hostvar(hostvars, instance["hosts"][0], "npuops_image",
+                                 instance_options(options, model, name)[0]["image"]),
                 "command": list(KV_POOL_COMMAND),
                 "env": {"MMC_META_CONFIG_PATH": pool["meta_conf"], "PYTHONUNBUFFERED": "1"},
                 "devices": [], "mounts": ["%s:%s:ro" % (pool["meta_conf"], pool["meta_conf"])],
@@ -245,7 +270,8 @@ def serve_containers(plan, hostvars, tier, model, options):
         entry = {"instance": name, "group": None, "role": "proxy"}
         out.setdefault(proxy["host"], {"engine": None, "proxy": None})["proxy"] = {
             "name": options.get("proxy_name", "vllm-pd-proxy"),
-            "image": hostvar(hostvars, instance["hosts"][0], "npuops_image", options["image"]),
+            "image": hostvar(hostvars, instance["hosts"][0], "npuops_image",
+                                 instance_options(options, model, name)[0]["image"]),
             "command": argv,
             "env": {"PYTHONUNBUFFERED": "1"},
             "devices": [],
@@ -328,7 +354,7 @@ def plan_report(containers, plan):
         if inst.get("proxy"):
             proxy = {"host": inst["proxy"]["host"], "container": _shown(containers[inst["proxy"]["host"]]["proxy"])}
         instances[name] = {"hosts": inst["hosts"], "endpoint": inst["endpoint"], "proxy": proxy,
-                           "shape": inst.get("shape")}
+                           "shape": inst.get("shape"), "model": instance_model(inst)}
     return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "instances": instances,
             "gateway": plan.get("gateway")}
 

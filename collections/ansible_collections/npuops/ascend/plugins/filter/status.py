@@ -14,6 +14,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible_collections.npuops.ascend.plugins.filter import gateway as gateway_config
+from ansible_collections.npuops.ascend.plugins.filter import topology
 from ansible_collections.npuops.ascend.plugins.plugin_utils import versions
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
@@ -85,6 +86,13 @@ def _images(plan, containers, hostvars, key, instance):
                 for host, ident, first_host, first_id in versions.differing_images(reads)]
     shared = dict(reads[0][1]) if reads and not problems else None
     return {"images": held, "image": shared, "image_problems": problems}
+
+
+def _model_text(entry):
+    model = entry.get("model") or {}
+    if not model.get("served_model_name"):
+        return ""
+    return "; serves %s from %s" % (model["served_model_name"], model.get("model_dir") or "?")
 
 
 def _image_text(entry):
@@ -178,12 +186,12 @@ def service_status(plan, hostvars, containers, key, probes, gateway_key=None):
                 why += " although %s answers (a wedged engine)" % fh.get("detail")
             reason = "; ".join([why] + problems)
         out[name] = {"state": state, "reason": reason, "hosts": list(inst["hosts"]), "problems": problems,
-                     "endpoint": inst["endpoint"]}
+                     "endpoint": inst["endpoint"], "model": topology.instance_model(inst)}
         out[name].update(_images(plan, containers, hostvars, key, name))
     states = set(v["state"] for v in out.values())
     service = HEALTHY if states == {HEALTHY} else (DOWN if states == {DOWN} else DEGRADED)
-    summary = ["%s: %s (%s) - %s%s" % (name, v["state"], ", ".join(v["hosts"]), v["reason"], _image_text(v))
-               for name, v in sorted(out.items())]
+    summary = ["%s: %s (%s) - %s%s%s" % (name, v["state"], ", ".join(v["hosts"]), v["reason"], _model_text(v),
+                                         _image_text(v)) for name, v in sorted(out.items())]
     gateway = gateway_status(plan, hostvars, gateway_key, probes) if gateway_key else None
     if gateway:
         if gateway["state"] == DOWN:
@@ -198,13 +206,14 @@ def service_status(plan, hostvars, containers, key, probes, gateway_key=None):
 
 def status_probe_targets(plan, model):
     """The service_probe instances of the plan: each instance's front door and its serving engines, and with a
-    gateway its floating address (named `gateway`)."""
-    out = [{"name": name, "url": inst["endpoint"], "model": model, "health_path": inst["health_path"],
-            "engines": [u for u in inst["api_urls"] if u != inst["endpoint"]]} for name, inst in
-           sorted(plan["instances"].items())]
+    gateway its floating address (named `gateway`); each asked for the model it serves (`model` when the plan
+    names none)."""
+    out = [{"name": name, "url": inst["endpoint"], "model": inst.get("served_model_name") or model,
+            "health_path": inst["health_path"], "engines": [u for u in inst["api_urls"] if u != inst["endpoint"]]}
+           for name, inst in sorted(plan["instances"].items())]
     if plan.get("gateway"):
-        out.append({"name": GATEWAY, "url": plan["gateway"]["endpoint"], "model": model, "health_path": "/health",
-                    "engines": []})
+        out.append({"name": GATEWAY, "url": plan["gateway"]["endpoint"],
+                    "model": plan.get("served_model_name") or model, "health_path": "/health", "engines": []})
     return out
 
 

@@ -310,12 +310,17 @@ def _plan_kv_pool(tier, instance, proxy, hostvars, hosts, members):
     return out
 
 
-def plan(groups, hostvars, tier):
+def plan(groups, hostvars, tier, models=None):
+    """`models`: {instance: what it serves} (filter instance_specs): its tier document (with its recipe's ports), its
+    served model name, model preset, directories and recipe, which the plan names per instance; the first instance's
+    served name is the service's (what clients of a gateway, validate and the benchmark ask for)."""
     dies = int(tier.get("dies_per_node", 16))
+    models = models or {}
     hosts = {}
     instances = {}
     for name, members in instances_of(groups, hostvars).items():
-        itier = sized(tier, hostvars, members[0])
+        serves = models.get(name) or {}
+        itier = sized(serves.get("tier") or tier, hostvars, members[0])
         ports = instance_ports(itier, hostvars, members[0])
         plan_groups = {}
         for g in itier["groups"]:
@@ -344,6 +349,9 @@ def plan(groups, hostvars, tier):
             "api_urls": api_urls,
             # where the benchmark load and the smoke checks start: the first serving engine, next to the server
             "load_host": serving[0],
+            "served_model_name": serves.get("served_model_name"),
+            "model": dict((k, serves.get(k)) for k in ("model", "model_dir", "tokenizer_dir")),
+            "recipe": (serves.get("recipe") or {}).get("name"),
         }
     first = instances[next(iter(instances))]
     gateway = plan_gateway(groups, hostvars, instances)
@@ -351,7 +359,8 @@ def plan(groups, hostvars, tier):
     out = {"tier": tier.get("name"), "hosts": hosts, "instances": instances, "gateway": gateway, "monitor": monitor,
            "endpoint": gateway["endpoint"] if gateway else first["endpoint"],
            "health_path": "/health" if gateway else first["health_path"],
-           "api_urls": [u for i in instances.values() for u in i["api_urls"]], "load_host": first["load_host"]}
+           "api_urls": [u for i in instances.values() for u in i["api_urls"]], "load_host": first["load_host"],
+           "served_model_name": first["served_model_name"]}
     out["members"] = plan_members(out)
     return out
 
@@ -406,12 +415,27 @@ def plan_gateway(groups, hostvars, instances):
     return {"hosts": gw_hosts, "vip": vip, "port": port, "stats_port": STATS_PORT,
             "addresses": dict((h, _node_ip(hostvars, h)) for h in gw_hosts),
             "mode": str(hostvar(hostvars, first, "npuops_gateway_mode", "active_standby")),
-            "endpoint": "http://%s:%d" % (vip, port), "instances": list(instances), "backends": backends}
+            "endpoint": "http://%s:%d" % (vip, port), "instances": list(instances), "backends": backends,
+            # the model each instance serves: in tenant mode each backend's health check asks for its own
+            "models": dict((name, inst.get("served_model_name")) for name, inst in instances.items())}
 
 
-def plan_topology(groups, hostvars, tier):
+def instance_model(inst):
+    """What an instance of the plan serves, as status, the benchmark and the outcome name it: its served model name,
+    model preset, model directory and recipe (replicas may serve different weights)."""
+    model = inst.get("model") or {}
+    return {"served_model_name": inst.get("served_model_name"), "preset": model.get("model"),
+            "model_dir": model.get("model_dir"), "recipe": inst.get("recipe")}
+
+
+def instance_models(instances):
+    """{instance: instance_model} of the plan's instances."""
+    return dict((name, instance_model(inst)) for name, inst in (instances or {}).items())
+
+
+def plan_topology(groups, hostvars, tier, models=None):
     try:
-        return plan(groups, hostvars, tier)
+        return plan(groups, hostvars, tier, models)
     except PlanError as e:
         raise AnsibleFilterError("plan_topology: %s" % e)
     except (KeyError, TypeError, ValueError) as e:
@@ -421,4 +445,4 @@ def plan_topology(groups, hostvars, tier):
 
 class FilterModule(object):
     def filters(self):
-        return {"plan_topology": plan_topology}
+        return {"plan_topology": plan_topology, "instance_models": instance_models}

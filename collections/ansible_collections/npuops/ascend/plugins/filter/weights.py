@@ -148,9 +148,40 @@ def weights_directories(model_dir, tokenizer_dir=""):
     return [{"part": part, "dir": path} for part, path in mf.directories(model_dir, tokenizer_dir)]
 
 
+def weights_sets(plan, play_hosts, nodes, seed, model_dir, tokenizer_dir=""):
+    """The weight sets the stage copies: one per model (and tokenizer) directory the plan's instances serve, each to
+    the nodes of the instances that serve it and from its own seed (`seed` when it is one of them, else the first of
+    them in play order): replicas on different weights never receive each other's. Without a plan, one set of
+    `model_dir` over `nodes`. -> [{model_dir, tokenizer_dir, directories, instances, nodes, seed}]."""
+    sets = []
+    if plan:
+        by_dirs = {}
+        for name, inst in plan["instances"].items():
+            model = inst.get("model") or {}
+            dirs = (model.get("model_dir") or model_dir, model.get("tokenizer_dir") or "")
+            if dirs not in by_dirs:
+                by_dirs[dirs] = {"model_dir": dirs[0], "tokenizer_dir": dirs[1], "instances": [], "hosts": []}
+                sets.append(by_dirs[dirs])
+            by_dirs[dirs]["instances"].append(name)
+            by_dirs[dirs]["hosts"].extend(h for h in plan["hosts"] if plan["hosts"][h]["instance"] == name)
+    else:
+        sets.append({"model_dir": model_dir, "tokenizer_dir": tokenizer_dir or "", "instances": [],
+                     "hosts": list(nodes)})
+    out = []
+    for one in sets:
+        members = [h for h in play_hosts if h in one["hosts"]]
+        if not members:
+            continue
+        out.append({"model_dir": one["model_dir"], "tokenizer_dir": one["tokenizer_dir"],
+                    "directories": weights_directories(one["model_dir"], one["tokenizer_dir"]),
+                    "instances": one["instances"], "nodes": members,
+                    "seed": seed if seed in members else members[0]})
+    return out
+
+
 class FilterModule(object):
     def filters(self):
-        return {"weights_stray": weights_stray, "weights_chain": weights_chain, "weights_sources": weights_sources,
+        return {"weights_sets": weights_sets, "weights_stray": weights_stray, "weights_chain": weights_chain, "weights_sources": weights_sources,
                 "weights_servers": weights_servers,
                 "weights_summary": weights_summary, "weights_copy_projection": weights_copy_projection,
                 "publisher_manifest": publisher_manifest, "weights_download_argv": weights_download_argv,

@@ -206,6 +206,16 @@ def command_spec(command, where):
             spec[key] = False
             i += 1
             continue
+        if kind == "names" and inline is None:
+            # nargs="+": every word up to the next flag (one name stays a string, as sources write it)
+            end = i + 1
+            while end < len(argv) and not argv[end].startswith("--"):
+                end += 1
+            if end == i + 1:
+                raise RecipeError("%s: %s needs a value" % (where, token))
+            spec[key] = argv[i + 1] if end == i + 2 else argv[i + 1:end]
+            i = end
+            continue
         if inline is None:
             if i + 1 >= len(argv):
                 raise RecipeError("%s: %s needs a value" % (where, token))
@@ -213,7 +223,7 @@ def command_spec(command, where):
         else:
             value, i = inline, i + 1
         try:
-            spec[key] = {"int": int, "float": float, "str": str, "json": json.loads}[kind](value)
+            spec[key] = {"int": int, "float": float, "str": str, "names": str, "json": json.loads}[kind](value)
         except ValueError as e:
             raise RecipeError("%s: %s %r: %s" % (where, token, value, e))
     return spec
@@ -254,17 +264,20 @@ def applies(row, recipe, role, entry):
         return False
     if "kv_pool" in when and bool(entry.get("kv_pool")) != bool(when["kv_pool"]):
         return False
+    if "service_alias" in when and bool(entry.get("service_alias")) != bool(when["service_alias"]):
+        return False
     return True
 
 
-def apply_deviations(recipe, role, entry, values, spec, env, rows=None):
+def apply_deviations(recipe, role, entry, values, spec, env, rows=None, late=False):
     """The deviation rows that apply, applied to (spec, env) in place. A row sets a flag
     (``flag``) or an environment key (``env``) to ``value`` ({plan value} placeholders) or removes it (``remove``);
     ``if_absent`` rows only add what the recipe does not set itself; ``merge`` rows add keys to a JSON flag. -> the rows
-    that changed something."""
+    that changed something. ``after_overrides`` rows act on what the operator's overrides left: they run with
+    ``late`` true, the others with it false."""
     applied = []
     for row in rows if rows is not None else deviations():
-        if "container" in row or not applies(row, recipe, role, entry):
+        if "container" in row or bool(row.get("after_overrides")) != late or not applies(row, recipe, role, entry):
             continue
         target, key = (spec, row["flag"]) if "flag" in row else (env, row["env"])
         if row.get("if_absent") and key in target:
@@ -328,6 +341,8 @@ def _show(key, value):
     flag, kind = vllm_cli.FLAGS.get(key, (key, "str"))
     if kind == "json":
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
     return str(value)
 
 

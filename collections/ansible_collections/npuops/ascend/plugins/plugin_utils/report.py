@@ -262,7 +262,13 @@ def _cell(value):
 def markdown(meta, table, reconciliation, plots):
     lines = ["# Benchmark: %s on %s" % (meta.get("model", "?"), meta.get("tier", "?")), "",
              "- endpoint: `%s`" % meta.get("endpoint", "?"), "- matrix: `%s`" % meta.get("matrix", "?"),
-             "- started: %s" % meta.get("started", "?"), ""]
+             "- started: %s" % meta.get("started", "?")]
+    models = meta.get("models") or {}
+    if len(models) > 1:
+        # replicas that serve different weights: the load reached each (the gateway's mode decides in what share)
+        lines += ["- instance %s serves `%s` from `%s` (recipe %s)" % (
+            name, m.get("served_model_name"), m.get("model_dir"), m.get("recipe")) for name, m in sorted(models.items())]
+    lines.append("")
     for name, rows in _series(table):
         lines += ["## %s (%s)" % (name, rows[0]["kind"]), "",
                   "| " + " | ".join(title for _k, title in COLUMNS) + " |",

@@ -145,3 +145,54 @@ def test_with_a_gateway_serving_replicas_roll_instead_of_being_refused():
     d = serve.serve_restarts(hv, p, "preview")
     assert d["rolling"] is False and d["interrupts_service"] is True
     assert key == "a/main"
+
+
+def on_other_weights(mode, **extra):
+    """Two replicas behind a gateway; instance b serves other weights under its own name (the canary of a new
+    version): the plan of the plan role, with what each instance serves."""
+    from ansible_collections.npuops.ascend.plugins.filter import inventory as inventory_filter
+    from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import presets
+    groups, hv = with_gateway(mode=mode, **extra)
+    for h in groups["npu_nodes"][4:]:
+        hv[h].update(npuops_model_dir="/data/models/k3-v2", npuops_model_overrides={"served_model_name": "k3-v2"})
+    specs = inventory_filter.instance_specs(groups, hv, presets())
+    return topology.plan(groups, hv, tier_spec("4node_dp"), specs), specs, hv
+
+
+def test_tenant_backends_check_their_own_model_and_the_mixing_modes_the_services():
+    plan, _specs, _hv = on_other_weights("tenant", npuops_gateway_tenants={"key-of-tenant-a": "a",
+                                                                          "key-of-tenant-b": "b"})
+    assert plan["served_model_name"] == "kimi-k3" and plan["gateway"]["models"] == {"a": "kimi-k3", "b": "k3-v2"}
+    cfg = gw.haproxy_config(plan["gateway"], plan["served_model_name"])
+    be_a, be_b = cfg.split("backend be_a\n")[1].split("backend be_b\n")
+    assert '"model":"kimi-k3"' in be_a and '"model":"k3-v2"' not in be_a
+    assert '"model":"k3-v2"' in be_b and '"model":"kimi-k3"' not in be_b
+    plan, _specs, _hv = on_other_weights("canary", npuops_gateway_weights={"a": 90, "b": 10})
+    cfg = gw.haproxy_config(plan["gateway"], plan["served_model_name"], {"weights": {"a": 90, "b": 10}})
+    # one backend for both: its check asks for the name both accept (b serves it as its second name)
+    assert cfg.count('"model":"kimi-k3"') == 1 and "k3-v2" not in cfg
+
+
+def test_an_instance_on_other_weights_answers_with_its_name_and_accepts_the_services_only_behind_a_mixing_gateway():
+    from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import rendered
+    for mode, extra, b_names in (
+            ("canary", {"npuops_gateway_weights": {"a": 90, "b": 10}}, ["k3-v2", "kimi-k3"]),
+            ("active_standby", {}, ["k3-v2", "kimi-k3"]),
+            # tenant mode sends each tenant to its own instance: no name of another
+            ("tenant", {"npuops_gateway_tenants": {"key-of-tenant-a": "a", "key-of-tenant-b": "b"}}, "k3-v2")):
+        plan, specs, hv = on_other_weights(mode, **extra)
+        tier, model, opts = rendered("4node_dp", "kimi_k3_w4a8")
+        out = serve.serve_containers(plan, hv, tier, model, dict(opts, instances=specs))
+        a, b = out["node01"]["engine"], out["node05"]["engine"]
+        assert a["command"][:3] == ["vllm", "serve", "/data/models/k3"], mode
+        assert b["command"][:3] == ["vllm", "serve", "/data/models/k3-v2"], mode
+        assert "/data/models/k3-v2:/data/models/k3-v2:ro" in out["node08"]["engine"]["mounts"]
+        assert not any("k3-v2" in m for m in out["node04"]["engine"]["mounts"])
+        flag = b["command"].index("--served-model-name")
+        if isinstance(b_names, list):
+            assert b["command"][flag + 1:flag + 3] == b_names, mode
+            assert b["command"][flag + 3].startswith("--")
+        else:
+            assert b["command"][flag + 1] == b_names and b["command"][flag + 2].startswith("--"), mode
+        flag = a["command"].index("--served-model-name")
+        assert a["command"][flag + 1] == "kimi-k3" and a["command"][flag + 2].startswith("--"), mode

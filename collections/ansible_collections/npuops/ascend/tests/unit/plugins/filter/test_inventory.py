@@ -266,3 +266,25 @@ def test_a_memcache_kv_pool_needs_a_tier_that_has_one(presets):
         hv[h].update(npuops_kv_pool="memcache", npuops_kv_pool_host="node99")
     assert check(groups, hv, presets) == ["npuops_kv_pool_host = 'node99' is not a host of the inventory; name the "
                                           "host that runs the MetaService (default: the proxy host)"]
+
+
+def test_replicas_may_serve_different_weights_but_each_instance_one(presets):
+    groups, hv = two_instances()
+    for h in groups["npu_nodes"][4:]:
+        hv[h].update(npuops_model_dir="/data/models/k3-v2", npuops_model_overrides={"served_model_name": "k3-v2"},
+                     npuops_recipe="vllm_ascend_kimi_k3_4node_a3")
+    assert check(groups, hv, presets) == []
+    specs = inv.instance_specs(groups, hv, presets)
+    assert [specs[n]["model_dir"] for n in "ab"] == ["/data/models/k3", "/data/models/k3-v2"]
+    assert [specs[n]["served_model_name"] for n in "ab"] == ["kimi-k3", "k3-v2"]
+    assert [specs[n]["recipe"]["name"] for n in "ab"] == ["kimi_k3_tutorial_4node_a3", "vllm_ascend_kimi_k3_4node_a3"]
+    # each instance is planned with its own recipe's ports (the tutorial's RPC_PORT=13345, the page's none)
+    assert [specs[n]["tier"]["ports"]["dp_rpc"] for n in "ab"] == [13345, 13389]
+    hv["node08"]["npuops_model_dir"] = "/data/models/k3"
+    hv["node05"]["npuops_model"] = "kimi"
+    for h in groups["npu_nodes"][4:]:
+        hv[h]["npuops_model"] = "kimi"
+    problems = check(groups, hv, presets)
+    assert any(p.startswith("npuops_model = 'kimi' (instance b) is not a model preset") for p in problems), problems
+    assert any(p.startswith("npuops_model_dir differs between hosts of instance b (") for p in problems), problems
+    assert not any("instance a" in p for p in problems), problems

@@ -8,13 +8,17 @@ from ansible_collections.npuops.ascend.plugins.filter import outcome
 
 def test_rollout_outcome_names_every_stage_and_none_for_those_not_run():
     plan = {"endpoint": "http://10.0.0.1:8000", "tier": "2node_pp", "hosts": {"b": {}, "a": {}},
-            "instances": {"main": {"endpoint": "http://10.0.0.1:8000", "hosts": ["a", "b"]}}}
+            "instances": {"main": {"endpoint": "http://10.0.0.1:8000", "hosts": ["a", "b"],
+                                   "served_model_name": "kimi-k3", "recipe": "gpuworks_kimi_k3_1_pro_2node_a3",
+                                   "model": {"model": "kimi_k3_w4a8", "model_dir": "/data/k3", "tokenizer_dir": ""}}}}
     out = outcome.rollout_outcome(plan, {"served_model_name": "kimi-k3"}, {
         "preflight": {"ok": True, "go": True, "failures": [], "table": ["x"]},
         "validate": {"ok": True, "checks": [{"name": "chat", "ok": True}]},
         "deploy": {"restart": ["main/main"], "lines": ["a (create): (all)"]}, "weights": None})
     assert out["ok"] and out["endpoint"] == "http://10.0.0.1:8000" and out["nodes"] == ["a", "b"]
-    assert out["instances"] == {"main": {"endpoint": "http://10.0.0.1:8000", "hosts": ["a", "b"]}}
+    assert out["instances"] == {"main": {"endpoint": "http://10.0.0.1:8000", "hosts": ["a", "b"], "model": {
+        "served_model_name": "kimi-k3", "preset": "kimi_k3_w4a8", "model_dir": "/data/k3",
+        "recipe": "gpuworks_kimi_k3_1_pro_2node_a3"}}}
     assert out["preflight"] == {"ok": True, "go": True, "failures": []}
     assert out["deploy"] == {"restarted": ["main/main"], "changes": ["a (create): (all)"]}
     assert out["weights"] is None and out["bench"] is None and out["bench_report"] is None

@@ -93,3 +93,28 @@ def test_with_two_instances_one_down_the_service_is_degraded_and_recover_takes_o
     assert status.unhealthy_groups(plan, got) == ["a/main"]
     targets = status.status_probe_targets(plan, "kimi-k3")
     assert [t["url"] for t in targets] == ["http://10.0.0.11:8000", "http://10.0.0.15:8000"]
+
+
+def test_status_names_the_model_each_instance_serves_and_asks_each_for_its_own():
+    from ansible_collections.npuops.ascend.plugins.filter import inventory as inventory_filter
+    from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import presets
+    groups, hv = inventory(8)
+    for i, h in enumerate(groups["npu_nodes"]):
+        hv[h].update(npuops_instance="ab"[i // 4], npuops_tier="4node_dp", npuops_model="kimi_k3_w4a8",
+                     npuops_model_dir="/data/models/k3" if i < 4 else "/data/models/k3-v2",
+                     npuops_image="quay.io/ascend/vllm-ascend:v0.23.0-a3")
+        if i >= 4:
+            hv[h]["npuops_model_overrides"] = {"served_model_name": "k3-v2"}
+    specs = inventory_filter.instance_specs(groups, hv, presets())
+    tier, model, opts = rendered("4node_dp", "kimi_k3_w4a8")
+    plan = topology.plan_topology(groups, hv, tier, specs)
+    containers = serve.serve_containers(plan, hv, tier, model, dict(opts, instances=specs))
+    for h in plan["hosts"]:
+        hv[h]["c"] = {"containers": {"vllm": {"exists": True, "running": True, "ours": True, "status": "running"}}}
+    got = status.service_status(plan, hv, containers, "c", {"a": probe(), "b": probe()})
+    assert got["instances"]["b"]["model"] == {"served_model_name": "k3-v2", "preset": "kimi_k3_w4a8",
+                                              "model_dir": "/data/models/k3-v2", "recipe": "kimi_k3_tutorial_4node_a3"}
+    assert got["summary"][1].startswith("b: healthy (node05, node06, node07, node08) - a token in 0.10s through ")
+    assert got["summary"][1].endswith("; serves k3-v2 from /data/models/k3-v2"), got["summary"]
+    assert got["summary"][0].endswith("; serves kimi-k3 from /data/models/k3"), got["summary"]
+    assert [t["model"] for t in status.status_probe_targets(plan, "fallback")] == ["kimi-k3", "k3-v2"]

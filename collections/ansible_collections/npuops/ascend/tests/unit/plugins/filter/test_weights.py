@@ -60,3 +60,20 @@ def test_stray_files_are_named_per_host_with_why():
     assert weights_stray(hv, ["n1", "n2", "n3"], "n1") == [
         "n1: z.safetensors (not in the checkpoint's model.safetensors.index.json: left out of the manifest)",
         "n2: notes.txt (not in the seed's manifest)"]
+
+
+def test_each_weight_set_goes_to_the_nodes_of_its_instances_only():
+    plan = {"instances": {"a": {"model": {"model_dir": "/m/k3", "tokenizer_dir": ""}},
+                          "b": {"model": {"model_dir": "/m/k3-v2", "tokenizer_dir": "/m/tok"}},
+                          "c": {"model": {"model_dir": "/m/k3", "tokenizer_dir": ""}}},
+            "hosts": {"n1": {"instance": "a"}, "n2": {"instance": "a"}, "n3": {"instance": "b"},
+                      "n4": {"instance": "b"}, "n5": {"instance": "c"}}}
+    sets = weights.weights_sets(plan, ["n1", "n2", "n3", "n4", "n5"], [], "n1", "/unused")
+    assert [(s["model_dir"], s["instances"], s["nodes"], s["seed"]) for s in sets] == [
+        ("/m/k3", ["a", "c"], ["n1", "n2", "n5"], "n1"), ("/m/k3-v2", ["b"], ["n3", "n4"], "n3")]
+    assert sets[1]["directories"] == [{"part": "model", "dir": "/m/k3-v2"}, {"part": "tokenizer", "dir": "/m/tok"}]
+    # a seed the inventory names seeds its own set; a host out of the play is in no chain
+    sets = weights.weights_sets(plan, ["n1", "n2", "n4", "n5"], [], "n4", "/unused")
+    assert [(s["nodes"], s["seed"]) for s in sets] == [(["n1", "n2", "n5"], "n1"), (["n4"], "n4")]
+    # without a plan (the role on its own): one set over the given nodes
+    assert weights.weights_sets(None, ["x", "y"], ["x", "y"], "y", "/m/k3")[0]["seed"] == "y"
