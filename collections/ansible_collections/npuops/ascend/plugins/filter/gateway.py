@@ -78,8 +78,9 @@ def _server_lines(gateway, instances, backup=(), weights=None):
 
 def haproxy_config(gateway, model, options=None):
     """haproxy.cfg for the plan's gateway. `model` is the service's served model name (the health check's completion
-    asks for it; in tenant mode each backend asks for its instance's own, the plan's gateway.models); `options`: weights ({instance: 0-256}, canary), api_key (the engines' key, sent by the checks),
-    tenants (truthy in tenant mode: the keys themselves live in the map file, never here)."""
+    asks for it; in tenant mode each backend asks for its instance's own, the plan's gateway.models); `options`:
+    weights ({instance: 0-256}, canary), api_key (the engines' key, sent by the checks), tenants (truthy in tenant
+    mode: the keys themselves live in the map file, never here)."""
     options = options or {}
     mode = gateway["mode"]
     insts = list(gateway["instances"])

@@ -109,10 +109,9 @@ def scrape_config(plan, settings=None):
     if pools:
         # the memcache KV pool's MetaService exports Prometheus text at GET /metrics on its metrics_url (MemCache's
         # mmc_http_server.cpp, doc/memcache_restful_api.md)
-        jobs.append({"job_name": "memcache_meta", "metrics_path": "/metrics",
-                     "static_configs": [{"targets": [pool["metrics_url"]], "labels": {"instance": name,
-                                                                                     "host": pool["host"]}}
-                                        for name, pool in pools]})
+        targets = [{"targets": [pool["metrics_url"]], "labels": {"instance": name, "host": pool["host"]}}
+                   for name, pool in pools]
+        jobs.append({"job_name": "memcache_meta", "metrics_path": "/metrics", "static_configs": targets})
     if s["gateway_targets"]:
         jobs.append({"job_name": "gateway", "metrics_path": "/metrics",
                      "static_configs": [{"targets": [t["target"]], "labels": {"host": t["host"]}}

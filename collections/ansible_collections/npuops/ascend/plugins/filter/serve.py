@@ -175,8 +175,9 @@ def serve_containers(plan, hostvars, tier, model, options):
 
     `options`: recipe (the recipe document, data/recipes), model_overrides (npuops_model_overrides), model_dir,
     tokenizer_dir, image, name (engine container), proxy_name, shm_size, privileged, devices (physical ids, default
-    0..dies-1), instances (filter instance_specs: what each instance serves, over the others). A container: {name, image, command, env, devices, mounts, shm_size, privileged, labels, ready_url,
-    peers, instance, group, group_key, role, recipe, recipe_diff}.
+    0..dies-1), instances (filter instance_specs: what each instance serves, over the others). A container: {name,
+    image, command, env, devices, mounts, shm_size, privileged, labels, ready_url, peers, instance, group, group_key,
+    role, recipe, recipe_diff}.
     """
     dies = int(tier.get("dies_per_node", 16))
     privileged = values.to_bool(options.get("privileged", False))
@@ -240,6 +241,10 @@ def serve_containers(plan, hostvars, tier, model, options):
             engine["files"] = [{"path": pool["local_conf"], "content": text}]
             engine["mounts"].append("%s:%s:ro" % (pool["local_conf"], pool["local_conf"]))
             engine["labels"]["io.npuops.kv-pool-config"] = digest(text)
+
+    def image_of(name):
+        return instance_options(options, model, name)[0]["image"]
+
     for name, instance in sorted(plan["instances"].items()):
         pool = instance.get("kv_pool")
         if pool:
@@ -247,8 +252,7 @@ def serve_containers(plan, hostvars, tier, model, options):
             entry = {"instance": name, "group": "kv_pool", "role": "kv_pool"}
             out.setdefault(pool["host"], {"engine": None, "proxy": None})["kv_pool"] = {
                 "name": options.get("kv_pool_name", "vllm-kv-pool-meta"),
-                "image": hostvar(hostvars, instance["hosts"][0], "npuops_image",
-                                 instance_options(options, model, name)[0]["image"]),
+                "image": hostvar(hostvars, instance["hosts"][0], "npuops_image", image_of(name)),
                 "command": list(KV_POOL_COMMAND),
                 "env": {"MMC_META_CONFIG_PATH": pool["meta_conf"], "PYTHONUNBUFFERED": "1"},
                 "devices": [], "mounts": ["%s:%s:ro" % (pool["meta_conf"], pool["meta_conf"])],
@@ -270,8 +274,7 @@ def serve_containers(plan, hostvars, tier, model, options):
         entry = {"instance": name, "group": None, "role": "proxy"}
         out.setdefault(proxy["host"], {"engine": None, "proxy": None})["proxy"] = {
             "name": options.get("proxy_name", "vllm-pd-proxy"),
-            "image": hostvar(hostvars, instance["hosts"][0], "npuops_image",
-                                 instance_options(options, model, name)[0]["image"]),
+            "image": hostvar(hostvars, instance["hosts"][0], "npuops_image", image_of(name)),
             "command": argv,
             "env": {"PYTHONUNBUFFERED": "1"},
             "devices": [],

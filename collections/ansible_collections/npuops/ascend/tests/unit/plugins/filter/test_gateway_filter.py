@@ -160,8 +160,8 @@ def on_other_weights(mode, **extra):
 
 
 def test_tenant_backends_check_their_own_model_and_the_mixing_modes_the_services():
-    plan, _specs, _hv = on_other_weights("tenant", npuops_gateway_tenants={"key-of-tenant-a": "a",
-                                                                          "key-of-tenant-b": "b"})
+    tenants = {"key-of-tenant-a": "a", "key-of-tenant-b": "b"}
+    plan, _specs, _hv = on_other_weights("tenant", npuops_gateway_tenants=tenants)
     assert plan["served_model_name"] == "kimi-k3" and plan["gateway"]["models"] == {"a": "kimi-k3", "b": "k3-v2"}
     cfg = gw.haproxy_config(plan["gateway"], plan["served_model_name"])
     be_a, be_b = cfg.split("backend be_a\n")[1].split("backend be_b\n")
