@@ -11,6 +11,7 @@ from npuops_sim.testing import BIN, run
     ("a3-2node", 2, "http://192.168.100.11:8000"),
     ("a3-4node", 4, "http://192.168.100.11:8000"),
     ("a3-8p8d", 16, "http://192.168.100.11:8080"),
+    ("a3-8p8d-kv-pool", 16, "http://192.168.100.11:8080"),
     ("a3-8node-ha", 8, "http://192.168.100.250:8000"),
     ("a3-8node-canary", 8, "http://192.168.100.250:8000"),
     ("a2-8node", 8, "http://192.168.110.11:8000"),
@@ -29,7 +30,8 @@ def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
         assert entry["recipe"] and all((d["why"] or "").startswith("deviation ") or (
             inventory == "a3-8node-canary" and d["key"] == "--served-model-name") for d in entry["recipe_diff"]), host
     leaders = [h for h, e in plan["hosts"].items() if e["role"] == "leader"]
-    assert len(leaders) == (2 if inventory in ("a3-8p8d", "a3-8node-ha", "a3-8node-canary", "a3-4p2d") else 1)
+    assert len(leaders) == (2 if inventory in ("a3-8p8d", "a3-8p8d-kv-pool", "a3-8node-ha", "a3-8node-canary",
+                                                "a3-4p2d") else 1)
     if inventory == "a3-4p2d":
         assert plan["instances"]["main"]["shape"] == "4P2D"
         assert plan["instances"]["main"]["proxy"]["container"]["argv"][-3:] == ["--decoder-ports", "8000", "8000"]
@@ -38,6 +40,29 @@ def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
         assert plan["instances"]["b"]["endpoint"] == "http://192.168.100.15:8000"
     if inventory == "a3-8node-canary":
         assert_the_canary_serves_two_weight_sets(plan)
+    if inventory == "a3-8p8d-kv-pool":
+        assert_the_prefill_side_joins_the_memcache_pool(plan)
+
+
+def assert_the_prefill_side_joins_the_memcache_pool(plan):
+    """The Kimi-K3 page's 8P8D prefill command as published (releases/v0.23.0, section 5.1.2.1): MultiConnector with
+    MooncakeConnectorV1 and AscendStoreConnector (backend memcache), the pool's environment; decode unchanged."""
+    prefill, decode = plan["hosts"]["a3-node-03"]["container"], plan["hosts"]["a3-node-12"]["container"]
+    kv = json.loads(argv_value(prefill["argv"], "--kv-transfer-config")[0])
+    assert kv["kv_connector"] == "MultiConnector" and kv["kv_role"] == "kv_producer"
+    assert [c["kv_connector"] for c in kv["kv_connector_extra_config"]["connectors"]] == [
+        "MooncakeConnectorV1", "AscendStoreConnector"]
+    assert kv["kv_connector_extra_config"]["connectors"][1]["kv_connector_extra_config"]["backend"] == "memcache"
+    env = prefill["env"]
+    assert env["MMC_LOCAL_CONFIG_PATH"] == "/etc/npuops/mmc-local.conf" and env["PYTHONHASHSEED"] == "0"
+    assert env["ASCEND_ENABLE_USE_FABRIC_MEM"] == "1" and env["HCCL_EXEC_TIMEOUT"] == "204"
+    assert "/etc/npuops/mmc-local.conf:/etc/npuops/mmc-local.conf:ro" in prefill["mounts"]
+    assert json.loads(argv_value(decode["argv"], "--kv-transfer-config")[0])["kv_connector"] == "MooncakeConnectorV1"
+    assert "MMC_LOCAL_CONFIG_PATH" not in decode["env"]
+    meta = plan["instances"]["main"]["kv_pool"]
+    assert meta["host"] == "a3-node-01" and meta["container"]["argv"] == [
+        "python", "-c", "from memcache_hybrid import MetaService; MetaService.main()"]
+    assert meta["container"]["env"]["MMC_META_CONFIG_PATH"] == "/etc/npuops/mmc-meta.conf"
 
 
 def argv_value(argv, flag):

@@ -356,7 +356,11 @@ def plan_report(containers, plan):
         proxy = None
         if inst.get("proxy"):
             proxy = {"host": inst["proxy"]["host"], "container": _shown(containers[inst["proxy"]["host"]]["proxy"])}
-        instances[name] = {"hosts": inst["hosts"], "endpoint": inst["endpoint"], "proxy": proxy,
+        pool = None
+        if inst.get("kv_pool"):
+            pool = {"host": inst["kv_pool"]["host"],
+                    "container": _shown(containers[inst["kv_pool"]["host"]]["kv_pool"])}
+        instances[name] = {"hosts": inst["hosts"], "endpoint": inst["endpoint"], "proxy": proxy, "kv_pool": pool,
                            "shape": inst.get("shape"), "model": instance_model(inst)}
     return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "instances": instances,
             "gateway": plan.get("gateway")}
