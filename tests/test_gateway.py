@@ -397,6 +397,34 @@ def test_status_names_a_down_instance_and_a_dead_gateway_and_recover_brings_back
     assert complete(cluster.url)[1] == "a-1"
 
 
+def test_a_rollout_that_breaks_answers_stops_at_the_first_instance_which_gets_its_configuration_back(
+        cluster, tmp_path):
+    """The change makes the engines answer junk with HTTP 200 (a KV cache of more blocks than a kernel's int32
+    offset holds, as vllm-ascend #16870): the accuracy gate stops the rollout at instance a, which gets the
+    configuration it ran back and returns to rotation; b is never touched and no request fails."""
+    bad = dict(ROLLED, npuops_vllm_overrides=dict(ROLLED["npuops_vllm_overrides"], block_size=64))
+    inspect = "podman inspect --format '{{json .Config.Cmd}}' vllm"
+    a_argv = json.loads(cluster.ssh("node01", inspect).stdout)
+    a_started, b_started = cluster.started(["node01", "node02"]), cluster.started(["node03", "node04"])
+    with Load(cluster.url) as load:
+        proc = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "-e", json.dumps(bad),
+                    "playbooks/rollout.yml"], check=False, timeout=900)
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode != 0, text[-3000:]
+    assert "Rolling update stopped at instance a: its new configuration answers wrongly (instance a: golden score " \
+           "0.00 is outside baseline 100.00 +- 5.00" in text, text[-3000:]
+    assert "Its previous configuration is restored and back in rotation. Instances not reached: b." in text
+    assert load.failed == 0, [r for r in load.results if r[2] != 200][:5]
+    assert cluster.started(["node03", "node04"]) == b_started  # b untouched
+    a_now = cluster.started(["node01", "node02"])
+    assert all(a_now[n] != a_started[n] and " running " in a_now[n] for n in a_now), a_now  # restarted twice
+    assert json.loads(cluster.ssh("node01", inspect).stdout) == a_argv  # with the configuration it ran before
+    deadline = time.monotonic() + 15
+    while complete(cluster.url)[1] != "a-1" and time.monotonic() < deadline:  # active_standby: a serves again
+        time.sleep(0.5)
+    assert complete(cluster.url)[1] == "a-1"
+
+
 def test_canary_weights_split_within_a_binomial_bound(cluster, tmp_path):
     gateway_mode(cluster, tmp_path, npuops_gateway_mode="canary", npuops_gateway_weights={"a": 10, "b": 90})
     time.sleep(3)  # both servers through their first health checks (rise 2 x 1 s)

@@ -74,6 +74,10 @@ def test_site_through_ansible_runner_reports_every_stage(cluster, site):
     assert sorted(outcome["weights"]["copied_to"]) == ["node02", "node03", "node04"]
     assert outcome["validate"]["ok"] is True
     assert {c["name"] for c in outcome["validate"]["checks"] if c["ok"]} == CHECKS
+    # the accuracy stage: every golden item answered right by the instance, every API check passed
+    main = outcome["accuracy"]["instances"]["main"]
+    assert outcome["accuracy"]["ok"] is True and main["score"] == 100.0 and main["baseline"] == 100.0
+    assert main["samples"]["completed"] == main["samples"]["total"] == 64 and main["api_failed"] == []
     assert outcome["bench"]["ok"] is True
     assert outcome["bench_report"].startswith(cluster.reports) and os.path.isfile(outcome["bench_report"])
     # the recipe deployed and what each node's image holds (read by preflight from its package metadata)
@@ -210,6 +214,28 @@ def test_a_bench_failure_after_a_restart_leaves_the_restarted_engines_serving(cl
     status = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/status.yml", "-e", json.dumps(CHANGE)],
                  check=False, timeout=300)
     assert status.returncode == 0 and "service: healthy" in status.stdout, status.stdout[-3000:]
+
+
+def test_garbled_answers_fail_the_accuracy_stage_naming_the_instance_while_status_calls_it_healthy(cluster, site):
+    """An engine that answers junk with HTTP 200 (multi-node garbled output): the one-token health of status.yml
+    cannot tell, the accuracy stage does, naming the instance, the dataset, the score and the baseline."""
+    sim("fault", "--node", "1", "--fault", "garbled")
+    try:
+        accuracy = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/accuracy.yml",
+                        "-e", json.dumps(CHANGE)], check=False, timeout=600)
+        status = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/status.yml",
+                      "-e", json.dumps(CHANGE)], check=False, timeout=300)
+    finally:
+        sim("fault", "--node", "1", "--fault", "clear")
+    text = " ".join(accuracy.stdout.split())
+    assert accuracy.returncode != 0, text[-3000:]
+    assert "Accuracy: instance main: golden score 0.00 is outside baseline 100.00 +- 5.00 (0 of 64 correct, 0 failed, " \
+           "0 missing, 64 unparsed)" in text, text[-3000:]
+    assert status.returncode == 0 and "service: healthy" in status.stdout, status.stdout[-3000:]
+    healthy = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/accuracy.yml",
+                   "-e", json.dumps(CHANGE)], check=False, timeout=600)
+    assert healthy.returncode == 0 and "main: ok golden 100.0/100" in " ".join(healthy.stdout.split()), \
+        healthy.stdout[-3000:]
 
 
 def test_a_foreign_listener_on_a_tier_port_still_fails_preflight_naming_the_process(cluster, tmp_path):

@@ -13,6 +13,8 @@
 #             of data/images.yml; vLLM's own bench request functions against the simulated engine (pytest -m vllm)
 #   collection  the collection built into its tarball, installed into an empty path, planning an example
 #             inventory from a directory outside the repository
+#   lm_eval the accuracy role driving the real lm-eval (.venv-lmeval, built in the background meanwhile) against
+#           the simulated engine on loopback (pytest -m lmeval)
 # With sim among several stages it starts first, in the background, and the other stages run meanwhile (most of a
 # sim test is waiting on SSH and the engines); its output follows theirs.
 set -euo pipefail
@@ -20,7 +22,7 @@ cd "$(dirname "$0")/.."
 export ANSIBLE_CONFIG="$PWD/ansible.cfg" PYTHONPATH="$PWD/sim" PATH="$PWD/.venv/bin:$PATH"
 COLLECTION=collections/ansible_collections/npuops/ascend
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(lint unit sanity collection vllm_args sim)
+[ ${#stages[@]} -gt 0 ] || stages=(lint unit sanity collection vllm_args lm_eval sim)
 
 timed() {
   local name=$1; shift
@@ -38,7 +40,7 @@ lint() {
 
 unit() {
   # two workers: many of these tests wait on loopback servers and timeouts, not on the CPU
-  pytest -q -m "not sim and not vllm" -p no:cacheprovider -n 2
+  pytest -q -m "not sim and not vllm and not lmeval" -p no:cacheprovider -n 2
 }
 
 sanity() {
@@ -158,6 +160,14 @@ vllm_args() {
   tools/vllm_argcheck.sh
 }
 
+lm_eval() {
+  if [ -n "${lmeval_prepare_pid:-}" ]; then
+    wait "$lmeval_prepare_pid" || { cat "$PWD/.logs/lmeval-prepare.log"; echo "building .venv-lmeval failed" >&2; return 1; }
+    lmeval_prepare_pid=
+  fi
+  tools/lmeval.sh
+}
+
 molecule() {
   # CI runs the 16-node PD scenario (a 16-node rollout, its idempotence and a decode-only change are tested
   # nowhere else); `MOLECULE_SCENARIOS=all` (make molecule) runs every scenario. The 2- and 4-node tiers'
@@ -181,8 +191,10 @@ SIM_LANES=${SIM_LANES:-3}
 # .venv-vllm is mostly downloads and unpacking: built in the background from the start when other stages come
 # before vllm_args (CI time)
 vllm_prepare_pid=
+lmeval_prepare_pid=
 cleanup() {
   [ -z "$vllm_prepare_pid" ] || kill -TERM -- "-$vllm_prepare_pid" 2>/dev/null || true
+  [ -z "$lmeval_prepare_pid" ] || kill -TERM -- "-$lmeval_prepare_pid" 2>/dev/null || true
   sim_abort
 }
 trap cleanup EXIT
@@ -191,6 +203,11 @@ if [[ " ${stages[*]} " == *" vllm_args "* ]] && [ "${stages[0]}" != vllm_args ];
   # its own process group, so that a failing stage before vllm_args ends the build (pip and all) with the script
   setsid tools/vllm_argcheck.sh --prepare >"$PWD/.logs/vllm-prepare.log" 2>&1 &
   vllm_prepare_pid=$!
+fi
+if [[ " ${stages[*]} " == *" lm_eval "* ]] && [ "${stages[0]}" != lm_eval ]; then
+  mkdir -p "$PWD/.logs"
+  setsid tools/lmeval.sh --prepare >"$PWD/.logs/lmeval-prepare.log" 2>&1 &
+  lmeval_prepare_pid=$!
 fi
 t_all=$SECONDS
 if [[ " ${stages[*]} " == *" sim "* ]] && [ ${#stages[@]} -gt 1 ]; then

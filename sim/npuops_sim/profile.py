@@ -19,7 +19,7 @@ NODE_FAULTS = ("hccn_conf_missing", "old_driver", "no_shm", "port_busy")
 # Faults of a running node, set and cleared while the service runs: the node's links cut (unreachable), the
 # engine process frozen (SIGSTOP: nothing answers), the engine wedged (its API answers, /health 200, but no
 # token comes out), the weight server frozen, npu-smi hanging in the driver.
-RUNTIME_FAULTS = ("node_down", "engine_hang", "engine_wedge", "relay_hang", "npu_smi_hang")
+RUNTIME_FAULTS = ("node_down", "engine_hang", "engine_wedge", "relay_hang", "npu_smi_hang", "garbled")
 DEVICE_FAULTS = ("link_down", "net_health_init", "tls_mismatch", "chip_warning", "chip_alarm", "hbm_busy")
 PAIR_FAULTS = ("fabric_cut",)
 FAULTS = NODE_FAULTS + DEVICE_FAULTS + PAIR_FAULTS + RUNTIME_FAULTS

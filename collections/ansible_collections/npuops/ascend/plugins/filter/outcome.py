@@ -78,6 +78,7 @@ STAGES = {
     "weights": _weights,
     "deploy": lambda d: {"restarted": list(d.get("restart") or []), "changes": list(d.get("lines") or [])},
     "validate": lambda v: {"ok": v.get("ok"), "checks": v.get("checks")},
+    "accuracy": lambda a: {"ok": a.get("ok"), "instances": a.get("instances"), "failures": a.get("failures")},
     "bench": lambda b: {"ok": b.get("ok"), "report_dir": b.get("report_dir"), "table": b.get("table")},
     "monitor": lambda m: {"prometheus": list(m.get("prometheus_urls") or [])},
 }

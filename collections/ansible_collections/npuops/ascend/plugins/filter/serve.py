@@ -430,9 +430,26 @@ def kv_pool_problems(containers):
     return out
 
 
+def serve_previous(engine, host, info):
+    """The engine as it ran before a rolling update restarted it (``info``: vllm_container_info's entry for it, read
+    before the restart): the plan's engine with the image, command, environment, devices, mounts, shm size,
+    privilege and labels of the spec its container carried. What a rollout whose new configuration answers wrongly
+    puts back. The secrets come from the inventory again (the label holds only their digests)."""
+    spec = (info or {}).get("spec")
+    if not spec or not spec.get("command"):
+        raise AnsibleFilterError("serve_previous: %s: its engine %s had no npuops spec before the restart (%s), so its "
+                                 "previous configuration cannot be restored; it stays out of rotation: deploy the "
+                                 "configuration it should run" % (host, engine.get("name"), "not found" if not
+                                                                  (info or {}).get("exists") else "not npuops'"))
+    out = dict(engine)
+    out.update((k, spec[k]) for k in ("image", "command", "env", "devices", "mounts", "shm_size", "privileged",
+                                      "labels") if k in spec)
+    return out
+
+
 class FilterModule(object):
     def filters(self):
-        return {"serve_containers": serve_containers, "serve_restarts": serve_restarts, "plan_report": plan_report,
+        return {"serve_containers": serve_containers, "serve_previous": serve_previous, "serve_restarts": serve_restarts, "plan_report": plan_report,
                 "kv_pool_problems": kv_pool_problems,
                 "board_dirs": board_dirs, "serve_leftovers": serve_leftovers, "recipe_diff_lines": recipe_diff_lines,
                 "serve_deployment_record": deployment_record}

@@ -376,16 +376,18 @@ FOREIGN = ("a container named %s that npuops did not make is here (image %s, %s)
 
 
 def describe_container(engine, name, log_lines=20, read_image=None):
-    """What status reports of one container: exists, running, status, exit code, start, npuops labels, ours,
-    and (when it does not run) the log lines of its last start. ``read_image(image id)`` (image_probe.read), when
-    given, adds what the image of a running container holds: its digest and package versions."""
+    """What status reports of one container: exists, running, status, exit code, start, npuops labels, ours, the
+    spec npuops ran it with (None for a container npuops did not make), and (when it does not run) the log lines
+    of its last start. ``read_image(image id)`` (image_probe.read), when given, adds what the image of a running
+    container holds: its digest and package versions."""
     info = engine.inspect(name)
     if not info:
         return {"exists": False, "running": False, "ours": False}
     st = engine.state(info)
     out = {"exists": True, "running": st["running"], "status": st["status"], "exit_code": st["exit_code"],
            "started_at": st["started_at"], "ours": ours(st), "labels": st["labels"], "id": st["id"],
-           "log": ""}
+           # the spec npuops ran it with (its label; secrets as keyed digests only): what a rollout restores
+           "spec": st["spec"], "log": ""}
     if not st["running"]:
         out["log"] = engine.logs(name, tail=log_lines, since=st["started_at"])
     elif read_image and st["image_id"]:

@@ -19,16 +19,17 @@ import subprocess
 TIMED_OUT = -9
 
 
-def run(argv, timeout, data=None):
+def run(argv, timeout, data=None, env=None):
     """-> (rc, stdout, stderr) as text. rc TIMED_OUT when the command had to be killed after `timeout` seconds
-    (its whole process group, so a child it started cannot keep the pipes open); 127 when it cannot start."""
+    (its whole process group, so a child it started cannot keep the pipes open); 127 when it cannot start. `env`:
+    variables added to this process's environment for the command (secrets belong here, never in argv)."""
     # start_new_session, not preexec_fn=os.setsid: preexec_fn is unsafe in threaded callers (hccn_check and the
     # exporter run commands from threads; Python docs, subprocess.Popen) and forces a full fork() of the caller,
     # where CPython >= 3.10 can vfork: a tenth of the cost per command in a module-sized process.
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
-                                start_new_session=True)
+                                start_new_session=True, env=dict(os.environ, **env) if env else None)
     except OSError as e:
         return 127, "", "%s: %s" % (argv[0], e)
     try:

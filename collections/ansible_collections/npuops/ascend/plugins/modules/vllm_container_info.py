@@ -65,12 +65,15 @@ EXAMPLES = r"""
 
 RETURN = r"""
 containers:
-  description: One entry per name.
+  description:
+    - One entry per name; C(spec) is what npuops ran the container with (image, command, env, devices, mounts,
+      shm_size, privileged, labels; secrets as keyed digests only), V(null) for a container npuops did not make.
   returned: always
   type: dict
   sample:
     vllm: {exists: true, running: true, status: running, exit_code: 0, started_at: "2026-12-01T09:00:00Z",
            ours: true, labels: {io.npuops.role: leader}, id: 5f1c..., log: "",
+           spec: {image: "quay.io/ascend/vllm-ascend:v0.23.0-a3", command: [vllm, serve, ...], env: {}, mounts: []},
            image: {id: "sha256:9a1f...", digest: "sha256:4c2e...", error: null,
                    versions: {vllm: 0.23.0, vllm_ascend: 0.23.0, torch_npu: 2.9.0, torch: 2.9.0, cann: 9.1.0}}}
 """

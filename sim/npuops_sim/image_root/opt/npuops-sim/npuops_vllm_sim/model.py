@@ -45,12 +45,36 @@ def error(msg, code=400, param=None):
                       "code": code}}
 
 
-def wedged():
+def has_fault(name):
     try:
         with open(PROFILE) as f:
-            return any(x.get("fault") == "engine_wedge" for x in json.load(f).get("faults", []))
+            return any(x.get("fault") == name for x in json.load(f).get("faults", []))
     except (OSError, ValueError):
         return False
+
+
+def wedged():
+    return has_fault("engine_wedge")
+
+
+def garbled():
+    """The `garbled` fault: the engine answers junk while /health, /v1/models and every request still return 200,
+    as multi-node deployments do when a collective or a kernel computes wrong (vllm-ascend #11019, #11394, #16608)."""
+    return has_fault("garbled")
+
+
+# vllm-ascend #16870 (fixed by #16824): a paged attention kernel computed physical_block_id * stride in int32 and
+# read the wrong scales from physical block 29,077 on; the service then answers gibberish with HTTP 200. The
+# stand-in applies it to every model: a configuration whose KV cache has more blocks (a smaller --block-size, a
+# larger cache) answers junk, so a rollout can break answers
+OVERFLOW_BLOCKS = 29077
+# a question with an arithmetic expression, answered as a model that can compute would
+ARITHMETIC = re.compile(r"(-?\d+)\s*([-+*x×])\s*(-?\d+)")
+
+
+def stop_strings(body):
+    stop = body.get("stop")
+    return [stop] if isinstance(stop, str) else [w for w in (stop or []) if isinstance(w, str) and w]
 
 
 def tokens(text):
@@ -216,6 +240,7 @@ class Engine(object):
         self.lock = threading.Lock()
         cap = int(os.environ.get("NPUOPS_SIM_KV_TOKENS", "2000000"))
         self.cache = PrefixCache(args.block_size, max(1, cap // args.block_size))
+        self.overflow = cap // args.block_size > OVERFLOW_BLOCKS
         self.created = int(time.time())
 
     def ready(self):
@@ -292,7 +317,7 @@ class Engine(object):
     def answer(self, req):
         """-> (reasoning, content, tool_calls) for a request."""
         body, q = req["body"], req["question"]
-        if self.garbage or self.broken_peers or req.get("garbage_kv"):
+        if self.garbage or self.broken_peers or req.get("garbage_kv") or self.overflow or garbled():
             rnd = random.Random(hashlib.sha256(q.encode()).digest())
             junk = "的 of ]] 血 。。 ## <unk> tens 零 ,, 0x ?? 了 _ a the 亿".split()
             return None, " ".join(rnd.choice(junk) for _ in range(24)), None
@@ -308,11 +333,13 @@ class Engine(object):
             return "The user wants the weather; I will call get_weather.", None, [call]
         content = "我是 Kimi，由月之暗面开发的人工智能助手。"
         reasoning = "The user asks who I am"
-        m = re.search(r"(\d+)\s*[*x×]\s*(\d+)", q)
+        m = ARITHMETIC.search(q)
         if m:
-            a, b = int(m.group(1)), int(m.group(2))
-            content += " %d*%d=%d。" % (a, b, a * b)
-            reasoning += " and to compute %d*%d; %d*%d = %d." % (a, b, a, b, a * b)
+            a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+            value = a + b if op == "+" else a - b if op == "-" else a * b
+            op = "*" if op in "x×" else op
+            content += " %d%s%d=%d。" % (a, op, b, value)
+            reasoning += " and to compute %d%s%d; %d%s%d = %d." % (a, op, b, a, op, b, value)
         for url in req["images"]:
             content += " " + describe_image(url)
         if len(req["prompt_tokens"]) > 2000:
@@ -408,19 +435,27 @@ class Engine(object):
         n = len(steps)
         time.sleep(n * SECONDS_PER_TOKEN)
         self._finish(stats, req, cache, n, metric_reason)
-        usage = self._usage(req, cache, n)
         text = dict((f, "".join(p for g, p in steps if g == f) or None) for f in
                     ("content", "text", versions.vllm()["reasoning_field"]))
+        # stop strings end the output before them (finish_reason stop, stop_reason the string: vLLM's
+        # StopChecker); `n` samples n choices of the prompt (SamplingParams.n), each counted in the usage
+        stop_reason = None
+        key = "content" if req["chat"] else "text"
+        for word in stop_strings(req["body"]):
+            if text[key] and word in text[key]:
+                text[key], reason, stop_reason = text[key][:text[key].index(word)], "stop", word
+        choices = max(1, int(req["body"].get("n") or 1))
+        usage = self._usage(req, cache, n * choices)
         if req["chat"]:
             field = versions.vllm()["reasoning_field"]
             msg = {"role": "assistant", "content": None if calls else text["content"], field: text[field],
                    "tool_calls": calls or []}
             return {"id": req["id"], "object": "chat.completion", "created": int(time.time()), "model": self.served,
-                    "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": reason,
-                                 "stop_reason": None}], "usage": usage}
+                    "choices": [{"index": i, "message": msg, "logprobs": None, "finish_reason": reason,
+                                 "stop_reason": stop_reason} for i in range(choices)], "usage": usage}
         return {"id": req["id"], "object": "text_completion", "created": int(time.time()), "model": self.served,
-                "choices": [{"index": 0, "text": text["text"] or "", "logprobs": None, "finish_reason": reason,
-                             "stop_reason": None}], "usage": usage}
+                "choices": [{"index": i, "text": text["text"] or "", "logprobs": None, "finish_reason": reason,
+                             "stop_reason": stop_reason} for i in range(choices)], "usage": usage}
 
     def _prefill_only(self, req):
         """The prefill side of PD: one token, and where the decode side fetches the KV from."""
