@@ -7,22 +7,22 @@ together instead of one lane starting a long file last."""
 # per file; approximate, ordering only). Files not listed keep their place after these. pytest-xdist would reorder
 # the files by their number of tests: tools/test.sh passes --no-loadscope-reorder so that this order holds.
 FILE_SECONDS = {
-    "test_weights_playbook.py": 958,
-    "test_site_playbook.py": 586,
-    "test_molecule_scenarios.py": 529,
-    "test_gateway.py": 493,
-    "test_deploy_playbook.py": 382,
-    "test_status_recover.py": 273,
-    "test_diagnose_playbook.py": 201,
-    "test_validate_playbook.py": 178,
-    "test_container_engines.py": 124,
-    "test_monitor_playbook.py": 110,
-    "test_xpyd.py": 121,  # measured alone
-    "test_diagnose_16.py": 96,
-    "test_a2_tier.py": 91,
-    "test_cluster.py": 62,
-    "test_preflight_playbook.py": 51,
-    "test_lifecycle.py": 27,
+    "test_weights_playbook.py": 931,
+    "test_gateway.py": 760,
+    "test_site_playbook.py": 600,
+    "test_molecule_scenarios.py": 499,
+    "test_deploy_playbook.py": 393,
+    "test_status_recover.py": 275,
+    "test_diagnose_playbook.py": 232,
+    "test_xpyd.py": 208,
+    "test_container_engines.py": 172,
+    "test_validate_playbook.py": 140,
+    "test_monitor_playbook.py": 137,
+    "test_diagnose_16.py": 105,
+    "test_cluster.py": 65,
+    "test_lifecycle.py": 68,
+    "test_a2_tier.py": 61,
+    "test_preflight_playbook.py": 42,
 }
 
 
