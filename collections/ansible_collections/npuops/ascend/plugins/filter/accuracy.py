@@ -87,12 +87,13 @@ def accuracy_verdict(results, plan, overrides=None, suites=None):
         recipe = inst.get("recipe")
         entry = {"model": inst.get("served_model_name"), "datasets": {}, "api_failed": []}
         problems = []
+        asked = "samples" not in res or res.get("samples") is not None  # None: the golden set was not asked
         if not res.get("skipped") and res:
             samples = res.get("samples") or {}
-            if res.get("failed") or res.get("unreachable") or samples.get("score") is None:
+            if res.get("failed") or res.get("unreachable") or (asked and samples.get("score") is None):
                 problems.append("instance %s: the golden set could not be asked: %s" % (name, res.get("msg") or
                                                                                         "no result"))
-            else:
+            elif asked:
                 judged, p = _judge(name, "golden", samples, baseline_of(table, recipe, "golden"), res.get("wrong"))
                 problems.extend(p)
                 entry["datasets"]["golden"] = judged

@@ -68,3 +68,12 @@ def test_standard_suites_are_judged_per_task_and_need_a_baseline():
     v = accuracy_filter.accuracy_verdict(skipped, PLAN, base, suites=[suite_run("a", 0, 0, failed=True)])
     assert v["failures"] == ["instance a: suite local (lm_eval) could not run: the dataset /srv/eval/arith.jsonl is not "
                              "on this host"]
+
+
+def test_api_checks_alone_judge_no_golden_score():
+    """npuops_accuracy_checks: [api]: the probe asked no item (samples null), so there is no score to fail."""
+    only_api = {"samples": None, "wrong": [], "api": [{"name": "n", "ok": True, "detail": "n 2: 2 choice(s)"}]}
+    v = accuracy_filter.accuracy_verdict({"a": only_api}, PLAN)
+    assert v["ok"] and v["instances"]["a"]["datasets"] == {} and v["failures"] == []
+    v = accuracy_filter.accuracy_verdict({"a": dict(only_api, api=[{"name": "n", "ok": False, "detail": "1"}])}, PLAN)
+    assert v["failures"] == ["instance a: API check n failed: 1"]

@@ -262,3 +262,23 @@ def test_the_memcache_kv_pool_runs_the_pages_prefill_connector_and_a_metaservice
         "instance main: PYTHONHASHSEED must be set and the same on every engine of the memcache KV pool (0 on node01, "
         "node02, node03, node04, node06, node07, node08; 1 on node05); set it once for all of them "
         "(npuops_env_overrides in group_vars)"]
+
+
+def test_a_restore_takes_the_previous_spec_but_refuses_one_that_moved_ports_or_names():
+    engine = {"name": "vllm", "image": "new", "command": ["vllm", "serve", "/m", "--host", "10.0.0.11", "--port",
+                                                          "8000", "--served-model-name", "kimi-k3", "--block-size",
+                                                          "64"],
+              "env": {"A": "2"}, "ready_url": "http://10.0.0.11:8000/health", "peers": []}
+    before = {"exists": True, "spec": {"image": "old", "command": ["vllm", "serve", "/m", "--host", "10.0.0.11",
+                                                                   "--port", "8000", "--served-model-name", "kimi-k3",
+                                                                   "--block-size", "128"],
+                                       "env": {"A": "1"}, "mounts": ["/m:/m:ro"], "labels": {"io.npuops.role": "l"}}}
+    got = serve.serve_previous(engine, "node01", before)
+    assert got["image"] == "old" and got["command"][-1] == "128" and got["env"] == {"A": "1"}
+    assert got["ready_url"] == engine["ready_url"] and got["mounts"] == ["/m:/m:ro"]
+    moved = dict(before, spec=dict(before["spec"], command=[w if w != "8000" else "8100" for w in
+                                                            before["spec"]["command"]]))
+    with pytest.raises(AnsibleFilterError, match=r"node01: the change also moves --port \(8100 -> 8000\)"):
+        serve.serve_previous(engine, "node01", moved)
+    with pytest.raises(AnsibleFilterError, match="node01: its engine vllm had no npuops spec before the restart"):
+        serve.serve_previous(engine, "node01", {"exists": True, "spec": None})
