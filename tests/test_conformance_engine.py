@@ -4,6 +4,8 @@ root). What the real vLLM does is cited at each test; the issue's findings are n
 """
 import http.client
 import json
+import os
+import re
 import urllib.request
 
 import openai
@@ -12,6 +14,7 @@ import pytest
 from ansible_collections.npuops.ascend.plugins.module_utils import probe
 from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import ApiError, Client, metric_totals
 from npuops_sim import loopback
+from npuops_sim import weights as sim_weights
 from npuops_sim.loopback import Loopback
 
 KEY = "sk-npuops-conformance-7f3a"
@@ -254,3 +257,56 @@ def test_every_served_name_is_accepted_and_the_first_answers(lb):
         assert chat.model == "kimi-k3-v2"
     with pytest.raises(openai.NotFoundError, match="The model `kimi-k3-v1` does not exist."):
         sdk.completions.create(model="kimi-k3-v1", prompt="hi", max_tokens=2)
+
+
+# ---------------------------------------------------------------------------------- speculative decoding (DSpark)
+
+def dspark(lb, **changes):
+    """The Kimi-K3 tutorial's section 5.2 config (draft TP and draft max_model_len to the loopback engine's TP1 and
+    32768 tokens) with `changes`; the draft checkpoint is a small one of its own."""
+    draft = os.path.join(lb.root, "models", "dspark")
+    if not os.path.isdir(draft):
+        sim_weights.write_model(draft, 1 << 16, files=1)
+    cfg = {"method": "dspark", "model": draft, "num_speculative_tokens": 7, "draft_tensor_parallel_size": 1,
+           "max_model_len": 4096, "draft_sample_method": "greedy", "enforce_eager": True}
+    cfg.update(changes)
+    return ["--speculative-config", json.dumps(dict((k, v) for k, v in cfg.items() if v is not None))]
+
+
+def test_a_draft_exports_vllms_spec_decode_metrics(lb):
+    """vLLM's SpecDecodingProm (vllm/v1/spec_decode/metrics.py): drafts, draft tokens, accepted tokens and accepted
+    tokens per position (label `position`, one series per draft position), only when a draft runs."""
+    plain = lb.engine()
+    assert "spec_decode" not in urllib.request.urlopen(plain.url + "/metrics", timeout=10).read().decode()
+    plain.proc.terminate()
+    e = lb.engine(*dspark(lb))
+    sdk = openai.OpenAI(base_url=e.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    done = sdk.completions.create(model="kimi-k3", prompt="hi", max_tokens=200, extra_body={"ignore_eos": True})
+    assert done.usage.completion_tokens == 200
+    text = urllib.request.urlopen(e.url + "/metrics", timeout=10).read().decode()
+    names = ["vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+             "vllm:spec_decode_num_accepted_tokens_total"]
+    got = metric_totals(text, names)
+    drafts, proposed, accepted = (got[n] for n in names)
+    # 199 tokens after the prefill's first: each verify step emits its accepted draft tokens plus one of its own
+    assert drafts > 0 and proposed == 7 * drafts and drafts + accepted == 199, got
+    per_pos = [float(m[1]) for m in re.findall(
+        r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{engine="0",model_name="kimi-k3",position="(\d+)"\} '
+        r'(\S+)$', text, re.M)]
+    assert len(per_pos) == 7 and sum(per_pos) == accepted
+    assert per_pos == sorted(per_pos, reverse=True) and per_pos[0] > 0  # a later position needs the earlier ones
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"num_speculative_tokens": 0}, "ValueError: Expected num_speculative_tokens to be greater than zero (0)."),
+    ({"num_speculative_tokens": 16}, "npu_fused_infer_attention_score TND layout's limit of 16"),
+    ({"draft_tensor_parallel_size": 2}, "speculative_draft_tensor_parallel_size=2 cannot be other value than 1 or "
+                                        "target model tensor_parallel_size"),
+    ({"max_model_len": 65536}, "speculative_max_model_len=65536 cannot be larger than target_max_model_len=32768"),
+    ({"model": "/nonexistent/dspark"}, "OSError: /nonexistent/dspark does not exist"),
+    ({"num_draft_tokens": 7}, "1 validation error for SpeculativeConfig"),
+])
+def test_the_engine_refuses_a_speculative_config_as_vllm_does(lb, changes, message):
+    e = lb.engine(*dspark(lb, **changes), ready=False)
+    e.proc.wait(timeout=60)
+    assert e.proc.returncode != 0 and message in e.output(), e.output()[-2000:]

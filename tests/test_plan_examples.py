@@ -17,6 +17,7 @@ from npuops_sim.testing import BIN, run
     ("a2-8node", 8, "http://192.168.110.11:8000"),
     ("a3-8node-1m", 8, "http://192.168.120.11:8000"),
     ("a3-4p2d", 6, "http://192.168.130.11:8080"),
+    ("a3-4node-dspark", 4, "http://192.168.100.11:8000"),
 ])
 def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
     out = tmp_path / "plan.json"
@@ -28,7 +29,10 @@ def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
     # nothing, but the canary's instance b names its own model)
     for host, entry in plan["hosts"].items():
         assert entry["recipe"] and all((d["why"] or "").startswith("deviation ") or (
-            inventory == "a3-8node-canary" and d["key"] == "--served-model-name") for d in entry["recipe_diff"]), host
+            inventory == "a3-8node-canary" and d["key"] == "--served-model-name") or (
+            inventory == "a3-4node-dspark" and d["key"] == "--speculative-config"
+            and d["why"] == "npuops_draft inferact_kimi_k3_dspark (the Kimi-K3 tutorial, section 5.2)")
+            for d in entry["recipe_diff"]), host
     leaders = [h for h, e in plan["hosts"].items() if e["role"] == "leader"]
     assert len(leaders) == (2 if inventory in ("a3-8p8d", "a3-8p8d-kv-pool", "a3-8node-ha", "a3-8node-canary",
                                                 "a3-4p2d") else 1)
@@ -42,6 +46,54 @@ def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
         assert_the_canary_serves_two_weight_sets(plan)
     if inventory == "a3-8p8d-kv-pool":
         assert_the_prefill_side_joins_the_memcache_pool(plan)
+    if inventory == "a3-4node-dspark":
+        assert_every_engine_drafts_as_the_tutorial_writes(plan)
+
+
+# the Kimi-K3 tutorial's section 5.2, as published, with its <DSPARK_DRAFT_PATH> the inventory's npuops_draft_dir
+TUTORIAL_SPECULATIVE_CONFIG = {"method": "dspark", "model": "/data/models/Kimi-K3-DSpark", "num_speculative_tokens": 7,
+                               "draft_tensor_parallel_size": 16, "max_model_len": 4096,
+                               "draft_sample_method": "greedy", "enforce_eager": True}
+
+
+def assert_every_engine_drafts_as_the_tutorial_writes(plan):
+    """"Add the same speculative config to the node 0 and headless worker commands"; the draft is mounted at the same
+    path on every node."""
+    for host in ("a3-node-01", "a3-node-02", "a3-node-03", "a3-node-04"):
+        container = plan["hosts"][host]["container"]
+        assert json.loads(argv_value(container["argv"], "--speculative-config")[0]) == TUTORIAL_SPECULATIVE_CONFIG
+        assert "/data/models/Kimi-K3-DSpark:/data/models/Kimi-K3-DSpark:ro" in container["mounts"]
+    assert plan["instances"]["main"]["model"]["draft"] == "inferact_kimi_k3_dspark"
+
+
+@pytest.mark.parametrize("draft, tokens", [("radixark_kimi_k3_dspark", 7), ("inferact_kimi_k3_dspark", 7),
+                                           ("inferact_kimi_k3_dspark_block5", 5)])
+def test_the_plan_shows_the_speculative_config_of_each_draft_preset(tmp_path, draft, tokens):
+    """The tutorial's three drafts (section 3.1): seven speculative tokens for the RadixArk GQA and the Inferact MLA
+    draft, five for Block5; the rest as its section 5.2 writes it."""
+    out = tmp_path / "plan.json"
+    run([BIN + "/ansible-playbook", "-i", "inventories/a3-4node-dspark", "playbooks/plan.yml", "-e",
+         "plan_output=%s" % out, "-e", json.dumps({"npuops_draft": draft, "npuops_draft_dir": "/data/models/d"})])
+    plan = json.loads(out.read_text())
+    for host, entry in plan["hosts"].items():
+        config = json.loads(argv_value(entry["container"]["argv"], "--speculative-config")[0])
+        assert config == dict(TUTORIAL_SPECULATIVE_CONFIG, model="/data/models/d", num_speculative_tokens=tokens), host
+
+
+def test_a_draft_that_breaks_a_rule_is_refused_naming_the_rule(tmp_path):
+    """k = 16 is 17 query tokens per request, over the 16 of Ascend's fused attention; a draft TP that is neither 1
+    nor the target's; a draft longer than its target: refused before any host is contacted, each naming its rule."""
+    proc = run([BIN + "/ansible-playbook", "-i", "inventories/a3-4node-dspark", "playbooks/plan.yml", "-e",
+                "plan_output=%s" % (tmp_path / "plan.json"), "-e", json.dumps({"npuops_draft_overrides": {
+                    "num_speculative_tokens": 16, "draft_tensor_parallel_size": 8, "max_model_len": 262144}})],
+               check=False)
+    assert proc.returncode != 0 and not (tmp_path / "plan.json").exists()
+    out = proc.stdout
+    assert "The inventory has 3 problem(s):" in out, out[-3000:]
+    assert ("draft inferact_kimi_k3_dspark: num_speculative_tokens = 16: 1 + k = 17 query tokens per request exceed "
+            "the 16 that Ascend's fused attention takes") in out
+    assert "draft_tensor_parallel_size 8 on group main (TP16): vLLM takes 1 or the target's tensor parallel size" in out
+    assert "max_model_len 262144 is larger than the target's 133120" in out
 
 
 def assert_the_prefill_side_joins_the_memcache_pool(plan):
@@ -79,10 +131,12 @@ def assert_the_canary_serves_two_weight_sets(plan):
     """The planning article's usage B: instance b serves other weights under its own name, and the service's too."""
     assert plan["instances"]["a"]["model"] == {"served_model_name": "kimi-k3", "preset": "kimi_k3_w4a8",
                                                "model_dir": "/data/models/Kimi-K3-W4A8",
-                                               "recipe": "kimi_k3_tutorial_4node_a3"}
+                                               "recipe": "kimi_k3_tutorial_4node_a3", "draft": None,
+                                               "num_speculative_tokens": None}
     assert plan["instances"]["b"]["model"] == {"served_model_name": "kimi-k3-w4a8-v2", "preset": "kimi_k3_w4a8",
                                                "model_dir": "/data/models/Kimi-K3-W4A8-v2",
-                                               "recipe": "kimi_k3_tutorial_4node_a3"}
+                                               "recipe": "kimi_k3_tutorial_4node_a3", "draft": None,
+                                               "num_speculative_tokens": None}
     for n in range(1, 9):
         host = plan["hosts"]["a3-node-%02d" % n]
         argv, mounts = host["container"]["argv"], host["container"]["mounts"]

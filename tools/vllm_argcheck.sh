@@ -35,8 +35,9 @@ done
 [ "${1:-}" != --prepare ] || exit 0  # make test builds the venvs in the background while lint, unit and sanity run
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-# a3-8node-canary: an instance that serves two names (--served-model-name is nargs="+")
-for inv in a3-2node a3-4node a3-8p8d a3-8node-canary; do
+# a3-8node-canary: an instance that serves two names (--served-model-name is nargs="+"); a3-4node-dspark: the
+# tutorial's --speculative-config on every engine
+for inv in a3-2node a3-4node a3-8p8d a3-8node-canary a3-4node-dspark; do
   ANSIBLE_CONFIG="$PWD/ansible.cfg" .venv/bin/ansible-playbook -i "inventories/$inv" playbooks/plan.yml \
     -e "plan_output=$out/$inv.json" >/dev/null
 done

@@ -16,7 +16,7 @@ from ansible_collections.npuops.ascend.plugins.plugin_utils import report
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("results", "report_dir", "meta", "allow_failed_requests"))
+    _VALID_ARGS = frozenset(("results", "report_dir", "meta", "allow_failed_requests", "compare_with"))
 
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
@@ -25,6 +25,7 @@ class ActionModule(ActionBase):
             report_dir=dict(type="path", required=True),
             meta=dict(type="dict", default={}),
             allow_failed_requests=dict(type="bool", default=False),
+            compare_with=dict(type="path"),
         ))
         report_dir = args["report_dir"]
         try:
@@ -36,6 +37,8 @@ class ActionModule(ActionBase):
                 result["changed"] = True
             else:
                 summary = report.render(report_dir)
+            if args["compare_with"]:
+                summary["comparison"] = report.compare(report_dir, args["compare_with"])
         except report.ReportError as e:
             result.update(failed=True, msg="bench report %s: %s" % (report_dir, e))
             return result

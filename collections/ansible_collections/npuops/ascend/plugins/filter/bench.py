@@ -93,10 +93,17 @@ def bench_row(row):
     """One bench_report table row as a line of the play's output."""
     def num(key, fmt):
         return fmt % row[key] if row.get(key) is not None else "-"
-    return "%-24s c=%-3s out %s tok/s  total %s tok/s  user %s tok/s  TTFT p50/p99 %s/%s ms  hit %s" % (
+    line = "%-24s c=%-3s out %s tok/s  total %s tok/s  user %s tok/s  TTFT p50/p99 %s/%s ms  hit %s" % (
         row.get("series"), row.get("concurrency"), num("output_tok_s", "%.1f"), num("total_tok_s", "%.1f"),
         num("per_user_tok_s", "%.1f"), num("ttft_p50_ms", "%.0f"), num("ttft_p99_ms", "%.0f"),
         num("prefix_hit_rate", "%.2f"))
+    if row.get("draft_acceptance_rate") is not None:
+        line += "  draft acceptance %s, mean length %s" % (
+            num("draft_acceptance_rate", "%.2f"), num("mean_acceptance_length", "%.2f"))
+    if "ratio_output_tok_s" in row:
+        # a row of bench_report's comparison: this run against the baseline's same point
+        line += "  vs baseline: out x%s, TPOT p50 x%s" % (num("ratio_output_tok_s", "%.2f"), num("ratio_tpot_p50_ms", "%.2f"))
+    return line
 
 
 class FilterModule(object):

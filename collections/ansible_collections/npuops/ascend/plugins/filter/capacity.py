@@ -14,6 +14,9 @@ The estimate, per die (one logical NPU), for one engine instance of TP x PP x DP
   KV tokens     = KV budget / KV bytes per token (per DP replica; vLLM reports it per DP group)
   sequences at context L = floor(KV tokens / L) per replica, x DP for the instance
 
+A draft for speculative decoding (npuops_draft) adds its weights (divided by its TP) to every die and its layers'
+KV elements to every token (plugins/plugin_utils/speculative.py sizing; its size is an assumption of its preset).
+
 Assumptions, stated so they can be checked: of Kimi-K3's 93 layers, 61 keep a per-token MLA cache (kv_lora_rank
 512 + rope 64 = 576 KV elements per layer per token; its Kimi Delta Attention layers keep a fixed-size state); the runtime overhead does not depend
 on gpu_memory_utilization. The overhead is calibrated on the one published data point: Kimi-K3.1-Pro
@@ -26,6 +29,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.npuops.ascend.plugins.plugin_utils import speculative
 
 GIB = 1024.0 ** 3
 MIB = 1024 * 1024
@@ -53,6 +57,10 @@ def plan(preset, tp, pp=1, dp=1, expert_parallel=False, hbm_total_mb=65536, over
         raise AnsibleFilterError("capacity_plan: unknown kv_cache_dtype %r (known: %s)" % (dtype, sorted(DTYPE_BYTES)))
     layers_per_die = -(-int(p.get("kv_cache_layers") or p["layers"]) // pp)
     kv_per_token = layers_per_die * int(p["kv_elements_per_token_per_layer"]) * DTYPE_BYTES[dtype]
+    # a draft (npuops_draft) holds its weights on every die of its TP and its layers' KV in the same block pool
+    draft = speculative.sizing(p["draft"], tp) if p.get("draft") else {"weights_bytes": 0.0, "kv_bytes_per_token": 0}
+    per_die += draft["weights_bytes"]
+    kv_per_token += draft["kv_bytes_per_token"]
     budget = usable - per_die - overhead
     kv_tokens = int(budget // kv_per_token) if budget > 0 else 0
     block = int(p.get("block_size", 128))
@@ -62,6 +70,7 @@ def plan(preset, tp, pp=1, dp=1, expert_parallel=False, hbm_total_mb=65536, over
         "dies": tp * pp * dp,
         "weights_bytes_per_die": int(per_die),
         "weights_gib_per_die": round(per_die / GIB, 2),
+        "draft_gib_per_die": round(draft["weights_bytes"] / GIB, 2),
         "usable_gib_per_die": round(usable / GIB, 2),
         "overhead_gib_per_die": round(overhead / GIB, 2),
         "kv_budget_gib_per_die": round(budget / GIB, 2),

@@ -20,7 +20,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter import topology
 from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
-from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, recipes, values
+from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, recipes, speculative, values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 ENGINES = ("docker", "podman", "isula")
@@ -29,7 +29,7 @@ INSTANCE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 # weights: the planning article's canary of a new quantized version on one cluster beside the stable one)
 CLUSTER_WIDE = ("npuops_tier", "npuops_container_engine")
 PER_INSTANCE = ("npuops_image", "npuops_model", "npuops_model_dir", "npuops_tokenizer_dir", "npuops_recipe",
-                "npuops_model_overrides")
+                "npuops_model_overrides", "npuops_draft", "npuops_draft_dir", "npuops_draft_overrides")
 
 
 def _ipv4(value):
@@ -157,9 +157,42 @@ def _instance_problems(tier, name, members, groups, hostvars):
     return problems
 
 
-def _model_problems(tier, name, members, hostvars, presets):
+def draft_of(hostvars, host, drafts):
+    """The draft one instance runs (its first host's npuops_draft, npuops_draft_overrides and npuops_draft_dir), or
+    None. speculative.DraftError names an unknown preset or field."""
+    name = hostvar(hostvars, host, "npuops_draft") or ""
+    if not name:
+        return None
+    return speculative.draft_spec(drafts, name, hostvar(hostvars, host, "npuops_draft_overrides", {}) or {},
+                                  hostvar(hostvars, host, "npuops_draft_dir") or "")
+
+
+def _draft_problems(hostvars, first, where, drafts, target, itier):
+    """The draft of one instance against its target model (the preset with its recipe and overrides) and the engine
+    groups of its tier: every rule it breaks (plugin_utils/speculative.py), each naming the instance."""
+    try:
+        draft = draft_of(hostvars, first, drafts)
+    except speculative.DraftError as e:
+        return ["%s%s" % (e, where)]
+    if draft is None:
+        return []
+    problems = []
+    if not isinstance(draft["dir"], str) or not draft["dir"].startswith("/"):
+        problems.append("npuops_draft_dir = %r%s must be an absolute path on the nodes where the draft %s is (or goes), "
+                        "e.g. /data/models/%s" % (draft["dir"], where, draft["name"],
+                                                  str(draft.get("repo") or "draft").rsplit("/", maxsplit=1)[-1]))
+    elif draft["dir"].rstrip("/") == str(hostvar(hostvars, first, "npuops_model_dir") or "").rstrip("/"):
+        problems.append("npuops_draft_dir = %s%s is the model directory; the draft is its own checkpoint in its own "
+                        "directory" % (draft["dir"], where))
+    if target is not None and itier is not None:
+        problems.extend(p + where for p in speculative.problems(draft, target.get("max_model_len") or 0,
+                                                                itier["groups"]))
+    return problems
+
+
+def _model_problems(tier, name, members, hostvars, presets, drafts=None):
     """What one instance serves: its model preset and overrides, its recipe (for the tier), its model and tokenizer
-    directories. -> (problems, the tier with the instance's recipe, or None when it cannot be chosen)."""
+    directories, its draft. -> (problems, the tier with the instance's recipe, or None when it cannot be chosen)."""
     first = members[0]
     where = " (instance %s)" % name if name != topology.DEFAULT_INSTANCE else ""
     problems = []
@@ -170,13 +203,16 @@ def _model_problems(tier, name, members, hostvars, presets):
     else:
         problems.extend(p + where for p in override_problems(
             presets[model], hostvar(hostvars, first, "npuops_model_overrides", {})))
-    itier = None
+    itier = target = None
     if tier is not None and model in presets:
         try:
             recipe = recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None, tier["name"], model)
             itier = recipes.tier_with_recipe(tier, recipe)
+            if not problems:
+                target = model_spec(presets, model, hostvar(hostvars, first, "npuops_model_overrides", {}), recipe)
         except recipes.RecipeError as e:
             problems.append("npuops_recipe%s: %s" % (where, e))
+    problems.extend(_draft_problems(hostvars, first, where, drafts, target, itier))
     model_dir = hostvar(hostvars, first, "npuops_model_dir")
     if not isinstance(model_dir, str) or not model_dir.startswith("/"):
         problems.append("npuops_model_dir = %r%s must be an absolute path on the nodes, e.g. "
@@ -188,7 +224,7 @@ def _model_problems(tier, name, members, hostvars, presets):
     return problems, itier
 
 
-def validate(groups, hostvars, presets, tiers=None):
+def validate(groups, hostvars, presets, tiers=None, drafts=None):
     """-> list of problem strings (empty when the inventory is fine)."""
     tiers = catalog.tiers() if tiers is None else tiers
     problems = []
@@ -218,7 +254,7 @@ def validate(groups, hostvars, presets, tiers=None):
     instances = topology.instances_of(groups, hostvars)
     instance_tiers = {}
     for name, members in instances.items():
-        model_problems, itier = _model_problems(tier, name, members, hostvars, presets)
+        model_problems, itier = _model_problems(tier, name, members, hostvars, presets, drafts)
         problems.extend(model_problems)
         instance_tiers[name] = itier
     for h in nodes:
@@ -519,8 +555,8 @@ def node_count_problems(tier, nodes, hostvars):
     return out
 
 
-def validate_inventory(groups, hostvars, presets):
-    return validate(groups, hostvars, presets)
+def validate_inventory(groups, hostvars, presets, drafts=None):
+    return validate(groups, hostvars, presets, drafts=drafts)
 
 
 def tier_document(name, recipe=None, hostvars=None, host=None):
@@ -534,7 +570,7 @@ def tier_document(name, recipe=None, hostvars=None, host=None):
     return topology.sized(tier, hostvars, host) if hostvars is not None and host else tier
 
 
-def instance_specs(groups, hostvars, presets):
+def instance_specs(groups, hostvars, presets, drafts=None):
     """{instance: what it serves}, from the variables of its first host (the validator has checked they are the same
     on each of its hosts): model (the preset's name), model_spec, model_overrides, served_model_name, model_dir,
     tokenizer_dir, image, recipe (the document) and tier (the tier document with that recipe's ports). Replicas may
@@ -551,7 +587,12 @@ def instance_specs(groups, hostvars, presets):
             raise AnsibleFilterError("instance_specs: instance %s: %s" % (name, e))
         overrides = hostvar(hostvars, first, "npuops_model_overrides", {}) or {}
         spec = model_spec(presets, model, overrides, recipe)
-        out[name] = {"model": model, "model_spec": spec, "model_overrides": overrides,
+        try:
+            # the draft rides in the model spec: the capacity plan counts it, the engines' command renders it
+            spec["draft"] = draft_of(hostvars, first, drafts)
+        except speculative.DraftError as e:
+            raise AnsibleFilterError("instance_specs: instance %s: %s" % (name, e))
+        out[name] = {"draft": spec["draft"], "model": model, "model_spec": spec, "model_overrides": overrides,
                      "served_model_name": spec.get("served_model_name"),
                      "model_dir": hostvar(hostvars, first, "npuops_model_dir"),
                      "tokenizer_dir": hostvar(hostvars, first, "npuops_tokenizer_dir") or "",

@@ -141,13 +141,14 @@ def alert_rules(settings=None, extra_rules=None):
     """The npuops alert rules (data/alerts.yml, settings filled in) as a Prometheus rule file, plus the operator's
     `extra_rules` (Prometheus rule mappings); an extra rule with a shipped rule's name replaces it."""
     s = _settings(settings)
-    rules = []
-    for r in catalog.load("alerts")["alerts"]:
+    shipped = catalog.load("alerts")
+    rules = [{"record": r["record"], "expr": " ".join(_fill(r["expr"], s).split())} for r in shipped.get("records") or []]
+    for r in shipped["alerts"]:
         rules.append({"alert": r["alert"], "expr": " ".join(_fill(r["expr"], s).split()),
                       "for": s["alert_for"] or r["for"], "labels": {"severity": r["severity"]},
                       "annotations": {"summary": _fill(r["summary"], s),
                                       "runbook": "docs/monitoring.md#%s" % r["alert"].lower()}})
-    by_name = dict((r["alert"], i) for i, r in enumerate(rules))
+    by_name = dict((r["alert"], i) for i, r in enumerate(rules) if "alert" in r)
     for extra in extra_rules or []:
         if not isinstance(extra, dict) or not (extra.get("alert") or extra.get("record")) or not extra.get("expr"):
             raise AnsibleFilterError("npuops_monitor_extra_rules: %r is not a Prometheus rule (alert or record, and "

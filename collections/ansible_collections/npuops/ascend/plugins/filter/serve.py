@@ -20,7 +20,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter.topology import DEFAULT_INSTANCE, instance_model
 from ansible_collections.npuops.ascend.plugins.module_utils import manifest, vllm_cli
-from ansible_collections.npuops.ascend.plugins.plugin_utils import board, recipes, values
+from ansible_collections.npuops.ascend.plugins.plugin_utils import board, recipes, speculative, values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 # the Kimi-K3 page, section 5.1.2.1: "python -c \"from memcache_hybrid import MetaService; MetaService.main()\""
@@ -116,6 +116,11 @@ def engine_command(entry, recipe, values, model, overrides, vllm_overrides, env_
             reasons[where] = (reasons[where] + ", " if where in reasons else "") + "deviation " + row["id"]
 
     deviate(False)
+    draft = model.get("draft")
+    if draft:
+        # the Kimi-K3 tutorial's section 5.2: the same speculative config on node 0 and the headless workers
+        spec["speculative_config"] = speculative.config(draft, values["tp"], entry.get("kv_role"))
+        reasons[("flag", "speculative_config")] = "npuops_draft %s (the Kimi-K3 tutorial, section 5.2)" % draft["name"]
     for key in sorted(overrides or {}):
         if key in vllm_cli.FLAGS and model.get(key) is not None:
             if key == "kv_cache_dtype" and model[key] == "auto":
@@ -195,6 +200,8 @@ def serve_containers(plan, hostvars, tier, model, options):
         # the weights stage copies the tokenizer directory when it lies outside the model directory: mounted as well
         weight_dirs = [path for _part, path in manifest.directories(
             iopts["model_dir"], iopts.get("tokenizer_dir") or iopts["model_dir"])]
+        if imodel.get("draft"):
+            weight_dirs.append(imodel["draft"]["dir"].rstrip("/"))
         pool = instance.get("kv_pool")
         plan_vals = plan_values(entry, instance["ports"], hostvars, host, imodel, iopts, dies, pd_sizes(instance), pool)
         alias = mixing and bool(service_model) and service_model != imodel.get("served_model_name")

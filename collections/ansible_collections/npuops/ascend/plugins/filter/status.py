@@ -92,7 +92,9 @@ def _model_text(entry):
     model = entry.get("model") or {}
     if not model.get("served_model_name"):
         return ""
-    return "; serves %s from %s" % (model["served_model_name"], model.get("model_dir") or "?")
+    draft = " with draft %s (%s speculative tokens)" % (model["draft"], model.get("num_speculative_tokens")) \
+        if model.get("draft") else ""
+    return "; serves %s from %s%s" % (model["served_model_name"], model.get("model_dir") or "?", draft)
 
 
 def _image_text(entry):

@@ -351,6 +351,9 @@ def plan(groups, hostvars, tier, models=None):
             "load_host": serving[0],
             "served_model_name": serves.get("served_model_name"),
             "model": dict((k, serves.get(k)) for k in ("model", "model_dir", "tokenizer_dir")),
+            # the draft it runs for speculative decoding (npuops_draft): the weights stage copies it like the model
+            "draft": dict((k, serves["draft"].get(k)) for k in ("name", "repo", "dir", "method", "num_speculative_tokens"))
+            if serves.get("draft") else None,
             "recipe": (serves.get("recipe") or {}).get("name"),
         }
     first = instances[next(iter(instances))]
@@ -422,10 +425,12 @@ def plan_gateway(groups, hostvars, instances):
 
 def instance_model(inst):
     """What an instance of the plan serves, as status, the benchmark and the outcome name it: its served model name,
-    model preset, model directory and recipe (replicas may serve different weights)."""
+    model preset, model directory, recipe and draft (replicas may serve different weights, with or without a draft)."""
     model = inst.get("model") or {}
+    draft = inst.get("draft") or {}
     return {"served_model_name": inst.get("served_model_name"), "preset": model.get("model"),
-            "model_dir": model.get("model_dir"), "recipe": inst.get("recipe")}
+            "model_dir": model.get("model_dir"), "recipe": inst.get("recipe"), "draft": draft.get("name"),
+            "num_speculative_tokens": draft.get("num_speculative_tokens")}
 
 
 def instance_models(instances):

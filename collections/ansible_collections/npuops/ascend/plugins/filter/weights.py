@@ -148,33 +148,49 @@ def weights_directories(model_dir, tokenizer_dir=""):
     return [{"part": part, "dir": path} for part, path in mf.directories(model_dir, tokenizer_dir)]
 
 
-def weights_sets(plan, play_hosts, nodes, seed, model_dir, tokenizer_dir=""):
-    """The weight sets the stage copies: one per model (and tokenizer) directory the plan's instances serve, each to
-    the nodes of the instances that serve it and from its own seed (`seed` when it is one of them, else the first of
-    them in play order): replicas on different weights never receive each other's. Without a plan, one set of
-    `model_dir` over `nodes`. -> [{model_dir, tokenizer_dir, directories, instances, nodes, seed}]."""
+def weights_sets(plan, play_hosts, nodes, seed, model_dir, tokenizer_dir="", draft_revision=""):
+    """The weight sets the stage copies: one per model (and tokenizer) directory the plan's instances serve, then one
+    per draft directory (npuops_draft: its checkpoint from its own repository at `draft_revision`), each to the nodes
+    of the instances that use it and from its own seed (`seed` when it is one of them, else the first of them in play
+    order): replicas on different weights never receive each other's. Without a plan, one set of `model_dir` over
+    `nodes`. -> [{model_dir, tokenizer_dir, directories, instances, nodes, seed, kind}]; a draft set's directory
+    carries its repository and revision."""
     sets = []
     if plan:
-        by_dirs = {}
+        by_dirs, drafts = {}, {}
         for name, inst in plan["instances"].items():
             model = inst.get("model") or {}
+            hosts = [h for h in plan["hosts"] if plan["hosts"][h]["instance"] == name]
             dirs = (model.get("model_dir") or model_dir, model.get("tokenizer_dir") or "")
             if dirs not in by_dirs:
-                by_dirs[dirs] = {"model_dir": dirs[0], "tokenizer_dir": dirs[1], "instances": [], "hosts": []}
+                by_dirs[dirs] = {"model_dir": dirs[0], "tokenizer_dir": dirs[1], "instances": [], "hosts": [],
+                                 "kind": "model"}
                 sets.append(by_dirs[dirs])
             by_dirs[dirs]["instances"].append(name)
-            by_dirs[dirs]["hosts"].extend(h for h in plan["hosts"] if plan["hosts"][h]["instance"] == name)
+            by_dirs[dirs]["hosts"].extend(hosts)
+            draft = inst.get("draft")
+            if draft:
+                if draft["dir"] not in drafts:
+                    drafts[draft["dir"]] = {"model_dir": draft["dir"], "tokenizer_dir": "", "instances": [],
+                                            "hosts": [], "kind": "draft", "draft": draft}
+                drafts[draft["dir"]]["instances"].append(name)
+                drafts[draft["dir"]]["hosts"].extend(hosts)
+        sets.extend(drafts.values())
     else:
         sets.append({"model_dir": model_dir, "tokenizer_dir": tokenizer_dir or "", "instances": [],
-                     "hosts": list(nodes)})
+                     "hosts": list(nodes), "kind": "model"})
     out = []
     for one in sets:
         members = [h for h in play_hosts if h in one["hosts"]]
         if not members:
             continue
-        out.append({"model_dir": one["model_dir"], "tokenizer_dir": one["tokenizer_dir"],
-                    "directories": weights_directories(one["model_dir"], one["tokenizer_dir"]),
-                    "instances": one["instances"], "nodes": members,
+        if one["kind"] == "draft":
+            directories = [{"part": "draft", "dir": one["model_dir"], "repo": one["draft"].get("repo") or "",
+                            "revision": draft_revision or ""}]
+        else:
+            directories = weights_directories(one["model_dir"], one["tokenizer_dir"])
+        out.append({"model_dir": one["model_dir"], "tokenizer_dir": one["tokenizer_dir"], "kind": one["kind"],
+                    "directories": directories, "instances": one["instances"], "nodes": members,
                     "seed": seed if seed in members else members[0]})
     return out
 

@@ -30,6 +30,11 @@ PREFIX_METRICS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_tot
 EXTERNAL_METRICS = ("vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total")
 
 
+# a draft's proposals and what the target accepted (vllm/v1/spec_decode/metrics.py SpecDecodingProm)
+SPEC_METRICS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                "vllm:spec_decode_num_accepted_tokens_total")
+
+
 def percentile(values, p):
     if not values:
         return 0.0
@@ -51,18 +56,19 @@ def summarize(ttfts_ms, tpots_ms, itls_ms, e2els_ms, percentiles=(50, 99)):
 
 
 def prefix_counters(metrics_clients):
-    """Prefix-cache counters summed over every engine that serves (each DP or PD front has its own);
-    None when one of them has no metrics, so a partial sum never passes for a hit rate."""
-    total = {"queries": 0.0, "hits": 0.0, "external_queries": 0.0, "external_hits": 0.0}
+    """Prefix-cache (and speculative decoding) counters summed over every engine that serves (each DP or PD front has
+    its own); None when one of them has no metrics, so a partial sum never passes for a hit rate."""
+    keys = (("queries", PREFIX_METRICS[0]), ("hits", PREFIX_METRICS[1]), ("external_queries", EXTERNAL_METRICS[0]),
+            ("external_hits", EXTERNAL_METRICS[1]), ("spec_drafts", SPEC_METRICS[0]),
+            ("spec_draft_tokens", SPEC_METRICS[1]), ("spec_accepted", SPEC_METRICS[2]))
+    total = dict((key, 0.0) for key, _metric in keys)
     for client in metrics_clients:
         status, text, _s = client.get("/metrics")
         if status != 200:
             return None
-        totals = metric_totals(text, PREFIX_METRICS + EXTERNAL_METRICS)
-        total["queries"] += totals[PREFIX_METRICS[0]]
-        total["hits"] += totals[PREFIX_METRICS[1]]
-        total["external_queries"] += totals[EXTERNAL_METRICS[0]]
-        total["external_hits"] += totals[EXTERNAL_METRICS[1]]
+        totals = metric_totals(text, PREFIX_METRICS + EXTERNAL_METRICS + SPEC_METRICS)
+        for key, metric in keys:
+            total[key] += totals[metric]
     return total
 
 
@@ -72,6 +78,21 @@ def hit_rate(before, after, prefix=""):
         return None
     q = after[prefix + "queries"] - before[prefix + "queries"]
     return round((after[prefix + "hits"] - before[prefix + "hits"]) / q, 4) if q > 0 else None
+
+
+def spec_decode(before, after):
+    """What a draft did between two prefix_counters() readings, as vLLM defines it (vllm/v1/spec_decode/metrics.py):
+    {drafts, draft_tokens, accepted_tokens, acceptance_rate (accepted / draft tokens), mean_acceptance_length
+    (1 + accepted / drafts: the tokens one verify step yields)}; None when no draft proposed anything."""
+    if not before or not after:
+        return None
+    drafts = after["spec_drafts"] - before["spec_drafts"]
+    proposed = after["spec_draft_tokens"] - before["spec_draft_tokens"]
+    accepted = after["spec_accepted"] - before["spec_accepted"]
+    if drafts <= 0 or proposed <= 0:
+        return None
+    return {"drafts": int(drafts), "draft_tokens": int(proposed), "accepted_tokens": int(accepted),
+            "acceptance_rate": round(accepted / proposed, 4), "mean_acceptance_length": round(1 + accepted / drafts, 3)}
 
 
 def random_argv(point, base_url, model, result_dir, filename, tokenizer=None):
@@ -235,5 +256,6 @@ def run_point(point, client, model, exec_in_container, result_dir, metrics_clien
         raise ApiError(KEY_REFUSED % base_url, 401)
     after = prefix_counters(metrics_clients)
     result["npuops"] = {"point": point, "planned": planned(point), "prefix_cache_hit_rate": hit_rate(before, after),
-                        "external_prefix_cache_hit_rate": hit_rate(before, after, "external_")}
+                        "external_prefix_cache_hit_rate": hit_rate(before, after, "external_"),
+                        "spec_decode": spec_decode(before, after)}
     return result

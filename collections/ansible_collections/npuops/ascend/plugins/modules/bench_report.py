@@ -16,8 +16,8 @@ description:
   - An action plugin; it runs on the controller.
   - With O(results) (what M(npuops.ascend.vllm_bench) returned), creates O(report_dir) with C(meta.json), the
     raw result of every point under C(raw/), C(requests.jsonl) (one line per request), C(report.md) (a table
-    per series - output, total and per-user tokens/s, TTFT and TPOT P50/P99, prefix-cache hit rate - and the
-    reconciliation), three PNG plots and C(summary.json).
+    per series - output, total and per-user tokens/s, TTFT and TPOT P50/P99, prefix-cache hit rate, with a draft its
+    acceptance rate and mean acceptance length - and the reconciliation), three PNG plots and C(summary.json).
   - Without O(results), re-reads an existing O(report_dir), reconciles it again and redraws it.
   - The reconciliation checks that planned requests = sent + skipped, sent = succeeded + failed, that the
     per-request lines agree with the results, and that planned sessions = completed + failed sessions. The
@@ -41,6 +41,12 @@ options:
     description: Do not fail the task when some requests failed (the counts must still add up).
     type: bool
     default: false
+  compare_with:
+    description:
+      - An earlier report directory of the same matrix (a run without the draft, say); the points of both runs are
+        put side by side with ratios and the draft's acceptance in C(comparison.md) (the Kimi-K3 tutorial's tuning
+        step, a baseline against a DSpark draft on the same workload). A report of another matrix is refused.
+    type: path
 attributes:
   check_mode:
     description: In check mode no report is written.
@@ -78,6 +84,13 @@ report_dir:
   description: Absolute path of the report directory.
   returned: success
   type: str
+comparison:
+  description:
+    - With O(compare_with), the points of both runs side by side (C(points) - this run's figures, C(baseline_*) and
+      C(ratio_*) of output and per-user tokens/s, TTFT and TPOT, the draft's acceptance), the points only one run
+      has, and the path of C(comparison.md).
+  returned: when O(compare_with) is set
+  type: dict
 adds_up:
   description: Whether the reconciliation adds up.
   returned: success

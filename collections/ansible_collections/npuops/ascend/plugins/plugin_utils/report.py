@@ -129,7 +129,10 @@ def summary_row(result):
             "tpot_p50_ms": round(result.get("p50_tpot_ms", result.get("median_tpot_ms")) or 0.0, 2),
             "tpot_p99_ms": round(result.get("p99_tpot_ms") or 0.0, 2),
             "prefix_hit_rate": (result.get("npuops") or {}).get("prefix_cache_hit_rate"),
-            "external_hit_rate": (result.get("npuops") or {}).get("external_prefix_cache_hit_rate")}
+            "external_hit_rate": (result.get("npuops") or {}).get("external_prefix_cache_hit_rate"),
+            "draft_acceptance_rate": ((result.get("npuops") or {}).get("spec_decode") or {}).get("acceptance_rate"),
+            "mean_acceptance_length": ((result.get("npuops") or {}).get("spec_decode") or {}).get(
+                "mean_acceptance_length")}
 
 
 def _safe(name):
@@ -250,7 +253,10 @@ COLUMNS = (("concurrency", "concurrency"), ("requests", "succeeded"), ("failed",
            ("output_tok_s", "output tok/s"), ("total_tok_s", "total tok/s"), ("per_user_tok_s", "per-user tok/s"),
            ("ttft_p50_ms", "TTFT P50 ms"), ("ttft_p99_ms", "TTFT P99 ms"), ("tpot_p50_ms", "TPOT P50 ms"),
            ("tpot_p99_ms", "TPOT P99 ms"), ("prefix_hit_rate", "prefix hit rate"),
-           ("external_hit_rate", "KV-transfer hit rate"))
+           ("external_hit_rate", "KV-transfer hit rate"), ("draft_acceptance_rate", "draft acceptance"),
+           ("mean_acceptance_length", "mean acceptance length"))
+# shown only when a point has them (a run with a draft, npuops_draft)
+SPEC_COLUMNS = ("draft_acceptance_rate", "mean_acceptance_length")
 
 
 def _cell(value):
@@ -268,13 +274,19 @@ def markdown(meta, table, reconciliation, plots):
         # replicas that serve different weights: the load reached each (the gateway's mode decides in what share)
         lines += ["- instance %s serves `%s` from `%s` (recipe %s)" % (
             name, m.get("served_model_name"), m.get("model_dir"), m.get("recipe")) for name, m in sorted(models.items())]
+    # the tutorial's section 6: with DSpark, record the draft checkpoint and the speculative token count
+    lines += ["- instance %s drafts with `%s`, %s speculative tokens" % (name, m["draft"], m.get("num_speculative_tokens"))
+              for name, m in sorted(models.items()) if m.get("draft")]
+    if models and not any(m.get("draft") for m in models.values()):
+        lines.append("- draft: none (no speculative decoding)")
     lines.append("")
+    columns = [(k, t) for k, t in COLUMNS if k not in SPEC_COLUMNS or any(r.get(k) is not None for r in table)]
     for name, rows in _series(table):
         lines += ["## %s (%s)" % (name, rows[0]["kind"]), "",
-                  "| " + " | ".join(title for _k, title in COLUMNS) + " |",
-                  "|" + "---:|" * len(COLUMNS)]
+                  "| " + " | ".join(title for _k, title in columns) + " |",
+                  "|" + "---:|" * len(columns)]
         for r in rows:
-            lines.append("| " + " | ".join(_cell(r[k]) for k, _t in COLUMNS) + " |")
+            lines.append("| " + " | ".join(_cell(r.get(k)) for k, _t in columns) + " |")
         lines.append("")
     bad = [r for r in reconciliation if r["problems"]]
     lines += ["## Reconciliation: %s" % ("adds up" if not bad else "DOES NOT ADD UP"), "",
@@ -315,3 +327,62 @@ def render(report_dir):
     with open(os.path.join(report_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     return summary
+
+
+# what a comparison of two runs of the same matrix puts side by side (the tutorial's tuning table, section 9.2: a
+# baseline against a matching DSpark draft on the same workload: latency, acceptance)
+COMPARED = (("output_tok_s", "output tok/s"), ("per_user_tok_s", "per-user tok/s"), ("ttft_p50_ms", "TTFT P50 ms"),
+            ("tpot_p50_ms", "TPOT P50 ms"), ("tpot_p99_ms", "TPOT P99 ms"))
+
+
+def _drafts(meta):
+    models = meta.get("models") or {}
+    named = ["%s (k=%s)" % (m["draft"], m.get("num_speculative_tokens")) for _n, m in sorted(models.items())
+             if m.get("draft")]
+    return ", ".join(named) or "none"
+
+
+def compare(report_dir, baseline_dir):
+    """Puts this report's points beside a baseline report's of the same matrix, point by point (matched by name), with
+    the ratio this / baseline of each figure and the draft's acceptance, and writes comparison.md. A different
+    matrix is refused: the points would not be the same workload. -> {baseline, points, only_here, only_there,
+    report}."""
+    meta, _r, _rows = load(report_dir)
+    base_meta, _r, _rows = load(baseline_dir)
+    if meta.get("matrix") != base_meta.get("matrix"):
+        raise ReportError("cannot compare with %s: it ran matrix %r, this run %r (compare runs of the same matrix)"
+                          % (baseline_dir, base_meta.get("matrix"), meta.get("matrix")))
+    here = dict((r["point"], r) for r in render(report_dir)["table"])
+    there = dict((r["point"], r) for r in render(baseline_dir)["table"])
+    points = []
+    for name in [p for p in here if p in there]:
+        row = {"point": name, "series": here[name]["series"], "concurrency": here[name]["concurrency"],
+               "draft_acceptance_rate": here[name].get("draft_acceptance_rate"),
+               "mean_acceptance_length": here[name].get("mean_acceptance_length")}
+        for key, _title in COMPARED:
+            a, b = here[name].get(key), there[name].get(key)
+            row[key] = a
+            row["baseline_" + key] = b
+            row["ratio_" + key] = round(float(a) / float(b), 3) if a is not None and b else None
+        points.append(row)
+    names = [os.path.basename(os.path.abspath(d)) for d in (report_dir, baseline_dir)]
+    lines = ["# Comparison: %s against %s" % tuple(names), "",
+             "- this run: draft %s, started %s" % (_drafts(meta), meta.get("started", "?")),
+             "- baseline: draft %s, started %s (`%s`)" % (_drafts(base_meta), base_meta.get("started", "?"), baseline_dir),
+             "- matrix: `%s`; ratio = this run / baseline" % meta.get("matrix"), "",
+             "| point | concurrency | " + " | ".join("%s (this / baseline / ratio)" % t for _k, t in COMPARED)
+             + " | draft acceptance | mean acceptance length |",
+             "|---|---:|" + "---:|" * (len(COMPARED) + 2)]
+    for r in points:
+        cells = ["%s / %s / %s" % (_cell(r[k]), _cell(r["baseline_" + k]), _cell(r["ratio_" + k])) for k, _t in COMPARED]
+        lines.append("| %s | %s | %s | %s | %s |" % (r["point"], _cell(r["concurrency"]), " | ".join(cells),
+                                                     _cell(r["draft_acceptance_rate"]), _cell(r["mean_acceptance_length"])))
+    only_here = sorted(p for p in here if p not in there)
+    only_there = sorted(p for p in there if p not in here)
+    if only_here or only_there:
+        lines += ["", "Points in one run only: %s" % ", ".join(only_here + only_there)]
+    path = os.path.join(report_dir, "comparison.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return {"baseline": baseline_dir, "points": points, "only_here": only_here, "only_there": only_there,
+            "report": path}

@@ -24,6 +24,11 @@ SECONDS_PER_TOKEN = float(os.environ.get("NPUOPS_SIM_TPOT", "0.002"))
 # faults are read from it; engine_wedge is an engine whose API answers (/health 200) while no token comes out,
 # as when a collective hangs on the NPUs
 PROFILE = os.environ.get("NPUOPS_SIM_PROFILE", "/usr/local/Ascend/driver/lib64/npuops_sim/profile.json")
+# speculative decoding: the chance that a matching draft's token at a position is accepted given those before it were
+# (a stand-in's choice: about 3 tokens per step at k = 7), and what a verify step of 1 + k tokens costs beside a plain
+# decode step (the draft's eager proposal and the wider verify)
+SPEC_ACCEPT = float(os.environ.get("NPUOPS_SIM_SPEC_ACCEPT", "0.7"))
+SPEC_STEP_COST_PER_TOKEN = 0.05
 BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
            40.0, 80.0, 160.0, 640.0, 2560.0)
 
@@ -116,6 +121,12 @@ class Stats(object):
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.success = {}
+        # speculative decoding, as vLLM's SpecDecodingProm counts it (vllm/v1/spec_decode/metrics.py): drafts (one per
+        # request per verify step), draft tokens proposed, accepted tokens, and accepted tokens per draft position
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted = 0
+        self.spec_accepted_per_pos = []
         self.ttft = Histogram()
         self.e2e = Histogram()
         self.tpot = Histogram()
@@ -222,7 +233,8 @@ class KvConnector(object):
 
 
 class Engine(object):
-    def __init__(self, served, path, args, garbage, dp_ranks, complete):
+    def __init__(self, served, path, args, garbage, dp_ranks, complete, speculative=None):
+        self.speculative = speculative
         names = [served] if isinstance(served, str) else list(served)
         self.served, self.names = names[0], names
         self.path = path
@@ -385,9 +397,44 @@ class Engine(object):
                 stats.running -= 1
             raise
 
-    def _finish(self, stats, req, cache, n_out, reason):
+    def decode_steps(self, req, n_out):
+        """How the engine produces `n_out` tokens: [tokens of each step] and what its draft did. The first token comes
+        with the prefill; with a draft (--speculative-config) every later step proposes k tokens, accepts a prefix
+        of them (each position with SPEC_ACCEPT given the ones before; a garbled target accepts none) and emits the
+        accepted ones plus the target's own. -> (steps, step_seconds, {drafts, draft_tokens, accepted, per_pos})."""
+        spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
+        if not self.speculative or n_out <= 1:
+            return [1] * n_out, SECONDS_PER_TOKEN, spec
+        k = int(self.speculative["num_speculative_tokens"])
+        accept = 0.0 if (self.garbage or garbled()) else SPEC_ACCEPT
+        spec["per_pos"] = [0] * k
+        draw = random.Random(req["id"])
+        steps, left = [1], n_out - 1
+        while left > 0:
+            accepted = 0
+            while accepted < k and draw.random() < accept:
+                accepted += 1
+            accepted = min(accepted, left - 1)
+            spec["drafts"] += 1
+            spec["draft_tokens"] += k
+            spec["accepted"] += accepted
+            for pos in range(accepted):
+                spec["per_pos"][pos] += 1
+            steps.append(accepted + 1)
+            left -= accepted + 1
+        return steps, SECONDS_PER_TOKEN * (1 + SPEC_STEP_COST_PER_TOKEN * k), spec
+
+    def _finish(self, stats, req, cache, n_out, reason, spec=None):
         e2e = time.time() - cache["t0"]
         with self.lock:
+            if spec and spec["drafts"]:
+                stats.spec_drafts += spec["drafts"]
+                stats.spec_draft_tokens += spec["draft_tokens"]
+                stats.spec_accepted += spec["accepted"]
+                per_pos = stats.spec_accepted_per_pos
+                per_pos.extend([0] * (len(spec["per_pos"]) - len(per_pos)))
+                for pos, count in enumerate(spec["per_pos"]):
+                    per_pos[pos] += count
             stats.running -= 1
             if self.args.enable_prefix_caching:
                 stats.prefix_queries += len(req["prompt_tokens"])
@@ -433,8 +480,9 @@ class Engine(object):
         stats, cache = self._account(req)
         steps, calls, reason, metric_reason = self._output(req)
         n = len(steps)
-        time.sleep(n * SECONDS_PER_TOKEN)
-        self._finish(stats, req, cache, n, metric_reason)
+        decode, step_seconds, spec = self.decode_steps(req, n)
+        time.sleep(len(decode) * step_seconds)
+        self._finish(stats, req, cache, n, metric_reason, spec)
         text = dict((f, "".join(p for g, p in steps if g == f) or None) for f in
                     ("content", "text", versions.vllm()["reasoning_field"]))
         # stop strings end the output before them (finish_reason stop, stop_reason the string: vLLM's
@@ -499,12 +547,17 @@ class Engine(object):
         if req["chat"]:
             yield chunk({"role": "assistant", "content": ""})
         last = len(steps) - 1 if not calls else None
-        for i, (field, piece) in enumerate(steps):
-            time.sleep(SECONDS_PER_TOKEN)
-            yield chunk({field: piece}, reason if i == last else None, i + 1)
+        decode, step_seconds, spec = self.decode_steps(req, len(steps))
+        i = 0
+        for size in decode:
+            # a step's tokens arrive together (a verify step emits the accepted draft tokens and the target's own)
+            time.sleep(step_seconds)
+            for field, piece in steps[i:i + size]:
+                yield chunk({field: piece}, reason if i == last else None, i + 1)
+                i += 1
         if calls:
             yield chunk({"tool_calls": [dict(c, index=i) for i, c in enumerate(calls)]}, reason, len(steps))
-        self._finish(stats, req, cache, len(steps), metric_reason)
+        self._finish(stats, req, cache, len(steps), metric_reason, spec)
         if include_usage:
             yield json.dumps({"id": req["id"], "object": kind, "created": created, "model": self.served,
                               "choices": [], "usage": self._usage(req, cache, len(steps))})
@@ -531,6 +584,18 @@ class Engine(object):
         emit("vllm:num_preemptions_total", "counter", lambda s: s.preemptions)
         emit("vllm:prompt_tokens_total", "counter", lambda s: s.prompt_tokens)
         emit("vllm:generation_tokens_total", "counter", lambda s: s.generation_tokens)
+        if self.speculative:
+            # vLLM's SpecDecodingProm (vllm/v1/spec_decode/metrics.py), exported only with a speculative config
+            emit("vllm:spec_decode_num_drafts_total", "counter", lambda s: s.spec_drafts)
+            emit("vllm:spec_decode_num_draft_tokens_total", "counter", lambda s: s.spec_draft_tokens)
+            emit("vllm:spec_decode_num_accepted_tokens_total", "counter", lambda s: s.spec_accepted)
+            k = int(self.speculative["num_speculative_tokens"])
+            lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter")
+            for engine, s in series:
+                per_pos = s.spec_accepted_per_pos + [0] * (k - len(s.spec_accepted_per_pos))
+                for pos in range(k):
+                    lines.append('vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="%s",model_name="%s",'
+                                 'position="%d"} %d' % (engine, name, pos, per_pos[pos]))
         lines.append("# TYPE vllm:request_success_total counter")
         for engine, s in series:
             for reason in FINISH_REASONS:

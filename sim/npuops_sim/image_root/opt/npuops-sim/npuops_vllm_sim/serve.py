@@ -269,6 +269,58 @@ def check_weights(path):
     return total, len(shards)
 
 
+# SpeculativeConfig's fields (vllm/config/speculative.py) the Kimi-K3 tutorial's section 5.2 and vLLM-Ascend's pages
+# set, and the methods vLLM plus vllm-ascend know (vllm_ascend/spec_decode/__init__.py adds dflash and dspark)
+SPECULATIVE_FIELDS = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "max_model_len",
+                      "draft_sample_method", "enforce_eager", "quantization", "revision", "code_revision",
+                      "disable_padded_drafter_batch", "prompt_lookup_max", "prompt_lookup_min", "speculative_token_tree")
+SPECULATIVE_METHODS = ("ngram", "eagle", "eagle3", "medusa", "mlp_speculator", "draft_model", "deepseek_mtp", "mtp",
+                       "dflash", "dspark")
+
+
+def check_speculative(args, tp):
+    """--speculative-config as vLLM's SpeculativeConfig checks it (vllm/config/speculative.py: a pydantic dataclass
+    that forbids unknown fields; __post_init__ and _verify_args: k > 0; _verify_and_get_draft_tp: draft TP 1 or the
+    target's; _maybe_override_draft_max_model_len: not longer than the target), then vllm-ascend's attention metadata
+    builder (vllm_ascend/attention/mla_v1.py: decode_threshold = 1 + k <= 16). The draft checkpoint is read like the
+    model's. -> the config (None without one)."""
+    cfg = args.speculative_config
+    if not cfg:
+        return None
+    for key in sorted(cfg):
+        if key not in SPECULATIVE_FIELDS:
+            die("pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\n%s\n  "
+                "Unexpected keyword argument [type=unexpected_keyword_argument, input_value=%r, input_type=%s]"
+                % (key, cfg[key], type(cfg[key]).__name__))
+    method = cfg.get("method")
+    if method not in SPECULATIVE_METHODS:
+        die("pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\nmethod\n  Input "
+            "should be %s [type=literal_error, input_value=%r, input_type=str]"
+            % (", ".join("'%s'" % m for m in SPECULATIVE_METHODS), method))
+    k = cfg.get("num_speculative_tokens")
+    if k is None:
+        die("ValueError: num_speculative_tokens must be provided with speculative model unless the draft model config "
+            "contains an n_predict parameter.")
+    if not isinstance(k, int) or k <= 0:
+        die("ValueError: Expected num_speculative_tokens to be greater than zero (%s)." % k)
+    draft_tp = cfg.get("draft_tensor_parallel_size", tp)
+    if draft_tp not in (1, tp):
+        die("ValueError: speculative_draft_tensor_parallel_size=%s cannot be other value than 1 or target model "
+            "tensor_parallel_size" % draft_tp)
+    length = cfg.get("max_model_len")
+    if length is not None and length > args.max_model_len:
+        die("ValueError: speculative_max_model_len=%d cannot be larger than target_max_model_len=%d"
+            % (length, args.max_model_len))
+    if method != "ngram":
+        check_weights(cfg.get("model") or "")
+    if 1 + k > 16:
+        die("AssertionError: decode_threshold exceeded                 npu_fused_infer_attention_score TND layout's "
+            "limit of 16,                 got %d" % (1 + k))
+    log("INFO", "speculative decoding: method %s, draft %s, %d speculative tokens, draft TP %d"
+        % (method, cfg.get("model"), k, draft_tp))
+    return cfg
+
+
 def connectors(kv):
     """The connectors of a kv_transfer_config: MultiConnector's list (kv_connector_extra_config.connectors, vLLM's
     multi_connector.py), else the one."""
@@ -655,6 +707,7 @@ def run(args):
         garbage = True
     check_shm(local_world)
     weights = check_weights(model_path)
+    spec_config = check_speculative(args, tp)
     if args.tokenizer and not os.path.isdir(args.tokenizer):
         # transformers' AutoTokenizer on a missing local directory (vllm/transformers_utils/tokenizer.py)
         die("OSError: Can't load tokenizer for '%s'. If you were trying to load it from 'https://huggingface.co/"
@@ -711,7 +764,7 @@ def run(args):
     # answers only when they are loaded
     load_weights(*weights)
     engine = lm.Engine(served, model_path, args, garbage=garbage, dp_ranks=dp if args.data_parallel_rank is None
-                       else 1, complete=complete)
+                       else 1, complete=complete, speculative=spec_config)
     if group is not None:
         engine.broken_peers = group.broken
         engine.step = group.step

@@ -18,7 +18,7 @@ def test_rollout_outcome_names_every_stage_and_none_for_those_not_run():
     assert out["ok"] and out["endpoint"] == "http://10.0.0.1:8000" and out["nodes"] == ["a", "b"]
     assert out["instances"] == {"main": {"endpoint": "http://10.0.0.1:8000", "hosts": ["a", "b"], "model": {
         "served_model_name": "kimi-k3", "preset": "kimi_k3_w4a8", "model_dir": "/data/k3",
-        "recipe": "gpuworks_kimi_k3_1_pro_2node_a3"}}}
+        "recipe": "gpuworks_kimi_k3_1_pro_2node_a3", "draft": None, "num_speculative_tokens": None}}}
     assert out["preflight"] == {"ok": True, "go": True, "failures": []}
     assert out["deploy"] == {"restarted": ["main/main"], "changes": ["a (create): (all)"]}
     assert out["weights"] is None and out["bench"] is None and out["bench_report"] is None

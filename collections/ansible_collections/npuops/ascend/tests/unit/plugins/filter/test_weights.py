@@ -77,3 +77,19 @@ def test_each_weight_set_goes_to_the_nodes_of_its_instances_only():
     assert [(s["nodes"], s["seed"]) for s in sets] == [(["n1", "n2", "n5"], "n1"), (["n4"], "n4")]
     # without a plan (the role on its own): one set over the given nodes
     assert weights.weights_sets(None, ["x", "y"], ["x", "y"], "y", "/m/k3")[0]["seed"] == "y"
+
+
+def test_a_draft_is_a_weight_set_of_its_own_from_its_repository():
+    """The draft (npuops_draft) is copied and verified like the model, to the nodes of the instances that run it, after
+    their model sets; the seed downloads it from its preset's repository at npuops_draft_revision."""
+    draft = {"name": "inferact_kimi_k3_dspark", "repo": "Inferact/Kimi-K3-DSpark", "dir": "/m/dspark"}
+    plan = {"instances": {"a": {"model": {"model_dir": "/m/k3", "tokenizer_dir": ""}, "draft": draft},
+                          "b": {"model": {"model_dir": "/m/k3", "tokenizer_dir": ""}, "draft": None}},
+            "hosts": {"n1": {"instance": "a"}, "n2": {"instance": "a"}, "n3": {"instance": "b"},
+                      "n4": {"instance": "b"}}}
+    sets = weights.weights_sets(plan, ["n1", "n2", "n3", "n4"], [], "n3", "/unused", "", "a1b2c3")
+    assert [(s["kind"], s["model_dir"], s["instances"], s["nodes"], s["seed"]) for s in sets] == [
+        ("model", "/m/k3", ["a", "b"], ["n1", "n2", "n3", "n4"], "n3"),
+        ("draft", "/m/dspark", ["a"], ["n1", "n2"], "n1")]
+    assert sets[1]["directories"] == [{"part": "draft", "dir": "/m/dspark", "repo": "Inferact/Kimi-K3-DSpark",
+                                       "revision": "a1b2c3"}]

@@ -83,12 +83,29 @@ def test_prefix_counters_sum_every_engine_and_give_the_hit_rate():
     a = 'vllm:prefix_cache_queries_total{engine="0"} 100\nvllm:prefix_cache_hits_total{engine="0"} 40\n'
     b = 'vllm:prefix_cache_queries_total{engine="1"} 300\nvllm:prefix_cache_hits_total{engine="1"} 60\n'
     before = bench.prefix_counters([FakeMetrics(a), FakeMetrics(b)])
-    assert before == {"queries": 400.0, "hits": 100.0, "external_queries": 0.0, "external_hits": 0.0}
-    after = {"queries": 600.0, "hits": 250.0, "external_queries": 0.0, "external_hits": 0.0}
+    spec = dict.fromkeys(("spec_drafts", "spec_draft_tokens", "spec_accepted"), 0.0)
+    assert before == dict(spec, queries=400.0, hits=100.0, external_queries=0.0, external_hits=0.0)
+    after = dict(spec, queries=600.0, hits=250.0, external_queries=0.0, external_hits=0.0)
     assert bench.hit_rate(before, after) == 0.75
     assert bench.hit_rate(before, after, "external_") is None
     assert bench.prefix_counters([FakeMetrics(a), FakeMetrics("", status=404)]) is None  # no partial sums
     assert bench.hit_rate(before, before) is None
+    assert bench.spec_decode(before, after) is None  # no draft ran
+
+
+def test_a_drafts_acceptance_is_vllms_over_every_engine():
+    """vLLM's definitions (vllm/v1/spec_decode/metrics.py): acceptance rate = accepted / draft tokens, mean acceptance
+    length = 1 + accepted / drafts; summed over the serving engines between the two readings."""
+    def engine(n, drafts, proposed, accepted):
+        return FakeMetrics('vllm:spec_decode_num_drafts_total{engine="%d"} %d\n'
+                           'vllm:spec_decode_num_draft_tokens_total{engine="%d"} %d\n'
+                           'vllm:spec_decode_num_accepted_tokens_total{engine="%d"} %d\n'
+                           % (n, drafts, n, proposed, n, accepted))
+    before = bench.prefix_counters([engine(0, 10, 70, 20), engine(1, 0, 0, 0)])
+    after = bench.prefix_counters([engine(0, 60, 420, 120), engine(1, 50, 350, 110)])
+    # 100 drafts of 7 tokens, 210 accepted
+    assert bench.spec_decode(before, after) == {"drafts": 100, "draft_tokens": 700, "accepted_tokens": 210,
+                                                "acceptance_rate": 0.3, "mean_acceptance_length": 3.1}
 
 
 def test_metric_totals_skip_comments_and_nan():
