@@ -552,9 +552,12 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.headers.get("Authorization") != "Bearer " + token:
             self.send_response(401); self.send_header("Content-Length", "0"); self.end_headers(); return
-        if not self.path.startswith("/api/models/org/k3/tree/rev1"):
+        listings = {"/api/models/org/k3/tree/rev1": "/srv/hub/listing.json",
+                    "/api/models/org/k3-dspark/tree/drev1": "/srv/hub/listing-dspark.json"}
+        path = [f for p, f in listings.items() if self.path.startswith(p)]
+        if not path:
             self.send_response(404); self.send_header("Content-Length", "0"); self.end_headers(); return
-        body = open("/srv/hub/listing.json", "rb").read()
+        body = open(path[0], "rb").read()
         self.send_response(200); self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
 http.server.HTTPServer(("127.0.0.1", 18700), H).serve_forever()
@@ -605,6 +608,29 @@ def test_the_seed_stage_downloads_checks_the_publisher_and_fans_out(cluster, tmp
         again = playbook(cluster, "-e", "@" + extra)
         assert re.findall(r"changed=(\d+)", again.stdout) == ["0", "0", "0", "0"]
         assert len(open(seed + "/tmp/hf-double.log").read().splitlines()) == 1  # downloaded once
+        # a DSpark draft: the seed downloads it from its own repository at npuops_draft_revision, checks it against
+        # its publisher's listing and every node gets it like the model
+        draft_hub = seed + "/srv/hub/org/k3-dspark/drev1"
+        synthetic.write_model(draft_hub, 4 << 20, files=1)
+        draft_sha = dict((n, hashlib.sha256(open(os.path.join(draft_hub, n), "rb").read()).hexdigest())
+                         for n in sorted(os.listdir(draft_hub)))
+        with open(seed + "/srv/hub/listing-dspark.json", "w") as f:
+            json.dump([{"type": "file", "path": n, "lfs": {"oid": h}} if n.endswith(".safetensors")
+                       else {"type": "file", "path": n} for n, h in draft_sha.items()], f)
+        with_draft = str(tmp_path / "draft.json")
+        with open(with_draft, "w") as f:
+            json.dump(dict(settings, npuops_draft="inferact_kimi_k3_dspark", npuops_draft_dir="/srv/models/dl-dspark",
+                           npuops_draft_overrides={"repo": "org/k3-dspark"}, npuops_draft_revision="drev1"), f)
+        drafted = playbook(cluster, "-e", "@" + with_draft)
+        assert "/srv/models/dl-dspark -> node01, node02, node03, node04" in drafted.stdout
+        for node in cluster.state["nodes"]:
+            got = dict((n, hashlib.sha256(open(cluster.api.root_of(node) + "/srv/models/dl-dspark/" + n, "rb").read())
+                        .hexdigest()) for n in draft_sha)
+            assert got == draft_sha, node
+        assert open(seed + "/tmp/hf-double.log").read().splitlines()[1:] == [
+            "download org/k3-dspark@drev1 token_sha256=%s endpoint=http://127.0.0.1:18700"
+            % hashlib.sha256(hub_token.encode()).hexdigest()]  # the model is not downloaded again
+        assert hub_token not in drafted.stdout + drafted.stderr
         # the publisher says another sha256 for one file: the seed fails, the stage fails for all, naming it
         listing[1]["lfs"]["oid"] = "0" * 64
         with open(seed + "/srv/hub/listing.json", "w") as f:
