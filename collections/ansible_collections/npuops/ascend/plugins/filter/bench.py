@@ -10,6 +10,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
 import re
 
 from ansible.errors import AnsibleFilterError
@@ -43,9 +44,9 @@ def bench_dropped(matrix, max_model_len):
 def bench_points(matrix, name="matrix", max_model_len=None):
     """[{series, kind, concurrency: [..], ...}] -> [{name: <series>-c<N>, series, kind, concurrency, ...}].
 
-    random: num_prompts = max(min_prompts, prompts_per_concurrency * concurrency) (defaults 4 and 8), so
-    every point runs long enough to reach steady state. multi_turn: sessions = sessions_per_concurrency *
-    concurrency (default 1), each session `turns` long. With max_model_len, series that cannot fit are
+    random: num_prompts per point, or max(min_prompts, prompts_per_concurrency * concurrency) (defaults 4 and 8),
+    so every point runs long enough to reach steady state. multi_turn: sessions per point, or
+    sessions_per_concurrency * concurrency (default 1), each session `turns` long. With max_model_len, series that cannot fit are
     left out (bench_dropped says which and why)."""
     if not isinstance(matrix, list) or not matrix:
         raise AnsibleFilterError("bench_points: the %s matrix must be a non-empty list of series" % name)
@@ -70,10 +71,11 @@ def bench_points(matrix, name="matrix", max_model_len=None):
             point = dict(fields, name="%s-c%d" % (label, conc), series=label, kind=kind, concurrency=conc)
             if kind == "random":
                 point["ignore_eos"] = bool(series.get("ignore_eos", True))
-                point["num_prompts"] = max(int(series.get("min_prompts", 4)),
-                                           int(series.get("prompts_per_concurrency", 8)) * conc)
+                point["num_prompts"] = _positive(series, "num_prompts", where) if "num_prompts" in series else max(
+                    int(series.get("min_prompts", 4)), int(series.get("prompts_per_concurrency", 8)) * conc)
             else:
-                point["sessions"] = int(series.get("sessions_per_concurrency", 1)) * conc
+                point["sessions"] = _positive(series, "sessions", where) if "sessions" in series else \
+                    int(series.get("sessions_per_concurrency", 1)) * conc
             points.append(point)
     names = [p["name"] for p in points]
     twice = sorted(set(n for n in names if names.count(n) > 1))
@@ -81,6 +83,42 @@ def bench_points(matrix, name="matrix", max_model_len=None):
         raise AnsibleFilterError("bench_points: %s has the point(s) %s twice (a series name or a concurrency is "
                                  "repeated)" % (name, ", ".join(twice)))
     return points
+
+
+def _argv_value(argv, flag):
+    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+
+def bench_run_metadata(plan, containers, model_spec, tier, matrix=None, revision=""):
+    """What a benchmark ran on, as the Kimi-K3 tutorial's section 6 asks to record it, read from what the plan
+    renders: per instance its engine flags (the first engine's argv), graph mode, prefix caching and draft; the
+    weights revision; and, per multi-turn series of the matrix, how many sessions of its longest context the capacity
+    plan says fit the KV cache (to read beside the measured knee). -> {run, planned_concurrency}."""
+    from ansible_collections.npuops.ascend.plugins.filter.capacity import capacity_plan
+    run = {"weights_revision": revision or "not pinned (npuops_weights_revision)"}
+    for name, inst in sorted(plan["instances"].items()):
+        host = inst["hosts"][0]
+        argv = ((containers.get(host) or {}).get("engine") or {}).get("command") or []
+        prefix = "" if len(plan["instances"]) == 1 else "instance %s " % name
+        compilation = json.loads(_argv_value(argv, "--compilation-config") or "{}")
+        speculative = json.loads(_argv_value(argv, "--speculative-config") or "null")
+        run[prefix + "flags"] = " ".join(str(a) for a in argv)
+        run[prefix + "graph_mode"] = compilation.get("cudagraph_mode") or ("eager" if "--enforce-eager" in argv else
+                                                                          "the image's default")
+        run[prefix + "prefix_caching"] = "off" if "--no-enable-prefix-caching" in argv else "on"
+        run[prefix + "draft"] = "%s, %s speculative tokens" % (speculative.get("model"),
+                                                              speculative.get("num_speculative_tokens")) \
+            if speculative else "none"
+    planned = {}
+    group = (tier.get("groups") or [{}])[0]
+    for series in matrix or []:
+        if not isinstance(series, dict) or series.get("kind") != "multi_turn":
+            continue
+        context = context_needed(series)
+        estimate = capacity_plan(model_spec, group, contexts=[context])
+        planned[series.get("series")] = "at most %d sessions of %d tokens fit its KV cache of %d tokens" % (
+            estimate["sequences_at"][context], context, estimate["kv_tokens"] * int(group.get("dp", 1)))
+    return {"run": run, "planned_concurrency": planned}
 
 
 def probe_row(check):
@@ -109,4 +147,4 @@ def bench_row(row):
 class FilterModule(object):
     def filters(self):
         return {"bench_points": bench_points, "bench_dropped": bench_dropped, "probe_row": probe_row,
-                "bench_row": bench_row}
+                "bench_row": bench_row, "bench_run_metadata": bench_run_metadata}

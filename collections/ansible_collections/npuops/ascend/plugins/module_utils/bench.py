@@ -22,7 +22,7 @@ import threading
 import time
 
 from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import (
-    ApiError, filler_words, metric_totals)
+    ApiError, metric_totals, sized_prompt)
 
 PREFIX_METRICS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 # KV a connector loaded from another instance (the PD decode side's pulled KV): counted apart by vLLM, never as
@@ -130,9 +130,15 @@ def multi_turn(client, model, point):
     records = []
     state = {"failed_sessions": 0, "completed_sessions": 0}
 
+    sizing = {}
+
     def session(k):
         with limit:
-            history = [{"role": "system", "content": filler_words(int(point["context_tokens"]), seed=k * 131)}]
+            # the private context in the engine's tokens (its /tokenize): words would be more tokens than asked
+            context, counted, how = sized_prompt(client, model, int(point["context_tokens"]), seed=k * 131)
+            with lock:
+                sizing[k] = (counted, how)
+            history = [{"role": "system", "content": context}]
             for t in range(turns):
                 history.append({"role": "user", "content": "Step %d of task %d: continue, and compute 17*23." % (t, k)})
                 rec = {"session": k, "turn": t, "input_len": None, "output_len": 0, "ttft": 0.0, "itl": [],
@@ -178,6 +184,9 @@ def multi_turn(client, model, point):
               "sessions": sessions, "completed_sessions": state["completed_sessions"],
               "failed_sessions": state["failed_sessions"], "turns": turns,
               "input_lens": [r["input_len"] for r in records], "output_lens": [r["output_len"] for r in records],
+              "turn_index": [r["turn"] for r in records],
+              "context_sizing": sorted(set(how for _c, how in sizing.values())),
+              "context_tokens_counted": [c for _k, (c, _h) in sorted(sizing.items())],
               "ttfts": [r["ttft"] for r in records], "itls": [r["itl"] for r in records],
               "latencies": [r["latency"] for r in records], "start_times": [r["start"] for r in records],
               "sessions_of": [r["session"] for r in records], "turns_of": [r["turn"] for r in records],
@@ -257,5 +266,28 @@ def run_point(point, client, model, exec_in_container, result_dir, metrics_clien
     after = prefix_counters(metrics_clients)
     result["npuops"] = {"point": point, "planned": planned(point), "prefix_cache_hit_rate": hit_rate(before, after),
                         "external_prefix_cache_hit_rate": hit_rate(before, after, "external_"),
+                        "follow_up_hit_rate": follow_up_hit_rate(before, after, result),
+                        "mean_input_tokens": mean_input_tokens(result),
                         "spec_decode": spec_decode(before, after)}
     return result
+
+
+def mean_input_tokens(result):
+    """The mean prompt of the point's successful requests, in the engine's tokens (the report's 实测平均输入)."""
+    done = result.get("completed") or 0
+    return round(float(result.get("total_input_tokens") or 0) / done, 1) if done else None
+
+
+def follow_up_hit_rate(before, after, result):
+    """The prefix-cache hit rate of the turns after the first (the report's 后续轮缓存命中): the point's hits over its
+    queries less the first turns' prompts. A session's first turn carries its own private context, which no cache
+    holds yet, so its hits are taken as none; None for a point without turns or without prefix-cache counters."""
+    turns = result.get("turn_index")
+    if not turns or not before or not after:
+        return None
+    first = sum(n or 0 for n, t in zip(result.get("input_lens") or [], turns) if t == 0)
+    queries = after["queries"] - before["queries"] - first
+    if queries <= 0:
+        return None
+    return round(min(1.0, (after["hits"] - before["hits"]) / queries), 4)
+

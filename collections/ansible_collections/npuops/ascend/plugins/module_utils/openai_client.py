@@ -172,8 +172,43 @@ def tiny_png(width=2, height=2):
             chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
+# what a filler word costs at most under a real tokenizer when the endpoint cannot count (a word and a number: up to
+# three tokens), so that a prompt sized without /tokenize stays within its budget
+FILLER_TOKENS_PER_WORD_MAX = 3
+
+
+def sized_prompt(client, model, target, seed=0, attempts=4):
+    """A filler prompt of at most `target` tokens as the served engine counts them: vLLM's POST /tokenize
+    (vllm/entrypoints/serve/tokenize: {count, max_model_len, tokens}) on a first guess, then scaled until the count
+    is within 3 % under the target. -> (text, tokens counted or None, how: "tokenize" or "estimate"). Without
+    /tokenize (a PD proxy has none) the prompt is sized at FILLER_TOKENS_PER_WORD_MAX tokens per word, under the
+    target whatever the tokenizer."""
+    target = int(target)
+    words = max(1, target // 2)
+    text, count = filler_words(words, seed), None
+    for _ in range(attempts):
+        try:
+            resp, _s = client.post("/tokenize", {"model": model, "prompt": text})
+        except ApiError as e:
+            if e.status in (404, 405):
+                words = max(1, target // FILLER_TOKENS_PER_WORD_MAX)
+                return filler_words(words, seed), None, "estimate"
+            raise
+        count = int(resp["count"])
+        if target * 0.97 <= count <= target:
+            break
+        words = max(1, int(words * target * 0.985 / max(count, 1)))
+        text = filler_words(words, seed)
+        count = None
+    if count is None:
+        resp, _s = client.post("/tokenize", {"model": model, "prompt": text})
+        count = int(resp["count"])
+    return text, count, "tokenize"
+
+
 def filler_words(n, seed=0):
-    """A prompt of about n tokens (distinct words, so prefix caching only helps where prefixes repeat)."""
+    """A prompt of n words (distinct words, so prefix caching only helps where prefixes repeat); a tokenizer makes
+    more tokens of them: sized_prompt sizes it in tokens."""
     words = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
              "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
     return " ".join("%s%d" % (words[(i * 7 + seed) % len(words)], (i + seed) % 97) for i in range(n))

@@ -130,6 +130,8 @@ def summary_row(result):
             "tpot_p99_ms": round(result.get("p99_tpot_ms") or 0.0, 2),
             "prefix_hit_rate": (result.get("npuops") or {}).get("prefix_cache_hit_rate"),
             "external_hit_rate": (result.get("npuops") or {}).get("external_prefix_cache_hit_rate"),
+            "mean_input_tokens": (result.get("npuops") or {}).get("mean_input_tokens"),
+            "follow_up_hit_rate": (result.get("npuops") or {}).get("follow_up_hit_rate"),
             "draft_acceptance_rate": ((result.get("npuops") or {}).get("spec_decode") or {}).get("acceptance_rate"),
             "mean_acceptance_length": ((result.get("npuops") or {}).get("spec_decode") or {}).get(
                 "mean_acceptance_length")}
@@ -250,13 +252,32 @@ def plot(report_dir, table):
 
 
 COLUMNS = (("concurrency", "concurrency"), ("requests", "succeeded"), ("failed", "failed"),
+           ("mean_input_tokens", "mean input tokens"),
            ("output_tok_s", "output tok/s"), ("total_tok_s", "total tok/s"), ("per_user_tok_s", "per-user tok/s"),
            ("ttft_p50_ms", "TTFT P50 ms"), ("ttft_p99_ms", "TTFT P99 ms"), ("tpot_p50_ms", "TPOT P50 ms"),
            ("tpot_p99_ms", "TPOT P99 ms"), ("prefix_hit_rate", "prefix hit rate"),
+           ("follow_up_hit_rate", "follow-up turns' hit rate"),
            ("external_hit_rate", "KV-transfer hit rate"), ("draft_acceptance_rate", "draft acceptance"),
            ("mean_acceptance_length", "mean acceptance length"))
-# shown only when a point has them (a run with a draft, npuops_draft)
-SPEC_COLUMNS = ("draft_acceptance_rate", "mean_acceptance_length")
+# shown only when a point has them (a run with a draft, npuops_draft; multi-turn series)
+SPEC_COLUMNS = ("draft_acceptance_rate", "mean_acceptance_length", "follow_up_hit_rate")
+# the knee of a series: its last point whose per-user speed is at least this share of the series' best
+KNEE_FRACTION = 0.25
+
+
+def knee(rows, fraction=KNEE_FRACTION):
+    """The last point of a series (in concurrency order) whose per-user speed stays within `fraction` of the series'
+    best: beyond it a user gets less than that share of what the fastest point gives one. None without speeds."""
+    speeds = [(r["concurrency"], r.get("per_user_tok_s")) for r in sorted(rows, key=lambda r: r["concurrency"] or 0)]
+    best = max([v for _c, v in speeds if v] or [0])
+    if not best:
+        return None
+    last = None
+    for conc, speed in speeds:
+        if not speed or speed < fraction * best:
+            break
+        last = conc
+    return last
 
 
 def _cell(value):
@@ -281,8 +302,17 @@ def markdown(meta, table, reconciliation, plots):
         lines.append("- draft: none (no speculative decoding)")
     lines.append("")
     columns = [(k, t) for k, t in COLUMNS if k not in SPEC_COLUMNS or any(r.get(k) is not None for r in table)]
+    run = meta.get("run") or {}
+    if run:
+        # what the tutorial's section 6 asks to record with every result
+        lines += ["## Run", ""] + ["- %s: %s" % (key.replace("_", " "), _cell(run[key])) for key in sorted(run)] + [""]
+    planned = meta.get("planned_concurrency") or {}
     for name, rows in _series(table):
+        point_knee = knee(rows)
         lines += ["## %s (%s)" % (name, rows[0]["kind"]), "",
+                  "Knee: %s (the last concurrency whose per-user speed is at least %d %% of the series' best)%s." % (
+                      "c=%d" % point_knee if point_knee else "-", int(KNEE_FRACTION * 100),
+                      "; the capacity plan: %s" % planned[name] if name in planned else ""), "",
                   "| " + " | ".join(title for _k, title in columns) + " |",
                   "|" + "---:|" * len(columns)]
         for r in rows:
@@ -322,6 +352,7 @@ def render(report_dir):
     with open(os.path.join(report_dir, "report.md"), "w") as f:
         f.write(markdown(meta, table, reconciliation, plots))
     summary = {"ok": adds_up and failed == 0, "adds_up": adds_up, "failed_requests": failed, "table": table,
+               "knees": dict((name, knee(series_rows)) for name, series_rows in _series(table)),
                "reconciliation": reconciliation, "plots": plots, "report": os.path.join(report_dir, "report.md"),
                "report_dir": report_dir, "meta": meta}
     with open(os.path.join(report_dir, "summary.json"), "w") as f:

@@ -23,6 +23,7 @@ OPENAI_COMPATIBLE_BACKENDS = ("openai", "vllm", "openai-chat", "vllm-chat", "ope
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
          "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+ONE_TOKEN_WORDS = [w for w in WORDS if len(w) <= 4] + [str(n) for n in range(100)]
 
 
 def percentile(values, p):
@@ -145,7 +146,9 @@ def run(args):
         args.ignore_eos = True  # "when using random datasets, default to ignoring EOS"
     served = args.served_model_name or model
     rnd = random.Random(args.seed)
-    prompts = [" ".join(rnd.choice(WORDS) + str(rnd.randint(0, 99)) for _ in range(args.random_input_len))
+    # vLLM's RandomDataset samples token ids, so a prompt is --random-input-len tokens: here words that are one token
+    # each under the stand-in's tokenizer
+    prompts = [" ".join(rnd.choice(ONE_TOKEN_WORDS) for _ in range(args.random_input_len))
                for _ in range(args.num_prompts)]
     results = [None] * len(prompts)
     limit = threading.Semaphore(args.max_concurrency or len(prompts))

@@ -3,6 +3,7 @@ import base64
 import hashlib
 import json
 import os
+import queue
 import random
 import re
 import socket
@@ -12,9 +13,12 @@ import time
 import uuid
 from collections import OrderedDict
 
+from . import scheduler as sched
 from . import versions
 
-TOKEN = re.compile(r"[\u2E80-\u9FFF\uF900-\uFAFF\uFF00-\uFFEF]|[A-Za-z0-9_]+|[^\s]")
+# a deterministic sub-word split, as a BPE tokenizer gives more tokens than words (about 1.5 per English word here:
+# runs of at most four letters or digits), so that nothing sized in words passes for sized in tokens
+TOKEN = re.compile(r"[\u2E80-\u9FFF\uF900-\uFAFF\uFF00-\uFFEF]|[A-Za-z0-9_]{1,4}|[^\s]")
 # a token with the whitespace before it: streamed pieces concatenate to the text, as vLLM's detokenizer's do
 PIECE = re.compile(r"\s*(?:%s)" % TOKEN.pattern)
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # FINISH_REASON_STRINGS, vllm/v1/engine
@@ -31,6 +35,29 @@ SPEC_ACCEPT = float(os.environ.get("NPUOPS_SIM_SPEC_ACCEPT", "0.7"))
 SPEC_STEP_COST_PER_TOKEN = 0.05
 BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
            40.0, 80.0, 160.0, 640.0, 2560.0)
+
+
+# Kimi-K3's vocabulary size (its config.json): the range of the token ids /tokenize returns
+VOCAB = 163840
+# vLLM's default token budget per step for the API server (EngineArgs default_max_num_batched_tokens, 0.8 on)
+DEFAULT_BATCHED_TOKENS = 8192
+
+
+def kv_tokens():
+    """The KV cache of one engine (DP rank), in tokens: what the node profile's HBM leaves in a real one (the stand-in
+    is given it: NPUOPS_SIM_KV_TOKENS, e.g. the field report's 468,750 on 2 x 910C)."""
+    return int(os.environ.get("NPUOPS_SIM_KV_TOKENS", "2000000"))
+
+
+def _chain_sizes(first, rest):
+    if first is not None:
+        yield first
+    for size in rest:
+        yield size
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its request waited or ran (vLLM aborts the request)."""
 
 
 class RequestError(Exception):
@@ -109,10 +136,8 @@ class Stats(object):
     """Per-engine (DP rank) counters with vLLM's metric names."""
 
     def __init__(self):
-        self.running = 0
-        self.waiting = 0
-        # the stand-in never preempts; vLLM counts it as vllm:num_preemptions (vllm/v1/metrics/loggers.py),
-        # which prometheus_client exposes as vllm:num_preemptions_total
+        # requests preempted for KV blocks (the scheduler's); vLLM counts it as vllm:num_preemptions
+        # (vllm/v1/metrics/loggers.py), which prometheus_client exposes as vllm:num_preemptions_total
         self.preemptions = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -130,36 +155,6 @@ class Stats(object):
         self.ttft = Histogram()
         self.e2e = Histogram()
         self.tpot = Histogram()
-
-
-class PrefixCache(object):
-    """Block hashes of prompts seen recently (LRU), as vLLM's automatic prefix caching keys them."""
-
-    def __init__(self, block, capacity_blocks):
-        self.block = block
-        self.capacity = capacity_blocks
-        self.blocks = OrderedDict()
-        self.lock = threading.Lock()
-
-    def lookup_and_insert(self, toks):
-        h = hashlib.sha256()
-        hits = 0
-        # the last prompt token is always recomputed (max_cache_hit_length, vllm/v1/core/kv_cache_manager.py)
-        full = max(0, len(toks) - 1) // self.block
-        with self.lock:
-            missed = False
-            for i in range(full):
-                h.update("\x00".join(toks[i * self.block:(i + 1) * self.block]).encode())
-                key = h.hexdigest()
-                if not missed and key in self.blocks:
-                    hits += self.block
-                    self.blocks.move_to_end(key)
-                else:
-                    missed = True
-                    self.blocks[key] = True
-                    if len(self.blocks) > self.capacity:
-                        self.blocks.popitem(last=False)
-        return hits
 
 
 class KvConnector(object):
@@ -250,9 +245,17 @@ class Engine(object):
         self.engines = [Stats() for _ in range(max(1, dp_ranks))]
         self.next_engine = 0
         self.lock = threading.Lock()
-        cap = int(os.environ.get("NPUOPS_SIM_KV_TOKENS", "2000000"))
-        self.cache = PrefixCache(args.block_size, max(1, cap // args.block_size))
+        cap = kv_tokens()
         self.overflow = cap // args.block_size > OVERFLOW_BLOCKS
+        # one scheduler for the DP ranks this process serves: each rank's max_num_seqs, token budget and KV cache
+        dp = len(self.engines)
+
+        def preempted(seq):
+            self.engines[seq.rank].preemptions += 1
+        self.scheduler = sched.Scheduler(
+            args.max_num_seqs * dp, (args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS) * dp, args.block_size,
+            cap * dp, args.enable_prefix_caching, PREFILL_TOKENS_PER_S * dp, SECONDS_PER_TOKEN, parallel=dp,
+            stalled=wedged, on_preempt=preempted)
         self.created = int(time.time())
 
     def ready(self):
@@ -264,10 +267,27 @@ class Engine(object):
                                             "max_model_len": self.args.max_model_len} for name in self.names]}
 
     # ------------------------------------------------------------------ requests
-    def prepare(self, body, chat):
+    def _check_model(self, body):
         model = body.get("model")
         if model and model not in self.names:
             raise RequestError("The model `%s` does not exist." % model, 404, "model")
+
+    def tokenize(self, body):
+        """POST /tokenize (vllm/entrypoints/serve/tokenize/serving.py): a prompt or chat messages -> {count,
+        max_model_len, tokens, token_strs}, counted as a request of the same body counts its prompt tokens."""
+        self._check_model(body)
+        toks = self._prompt(body, "messages" in body)[0]
+        return {"count": len(toks), "max_model_len": self.args.max_model_len,
+                "tokens": [int(hashlib.sha256(t.encode()).hexdigest()[:8], 16) % VOCAB for t in toks],
+                "token_strs": None}
+
+    def prepare(self, body, chat):
+        self._check_model(body)
+        toks, question, images = self._prompt(body, chat)
+        return self._limits(body, chat, toks, question, images)
+
+    def _prompt(self, body, chat):
+        """-> (prompt tokens, the question asked, image URLs)."""
         images = []
         if chat:
             msgs = body.get("messages")
@@ -296,7 +316,9 @@ class Engine(object):
             if isinstance(prompt, list):
                 prompt = " ".join(str(p) for p in prompt)
             question = prompt or ""
-        toks = tokens(prompt) + ["<img>"] * (576 * len(images))
+        return tokens(prompt) + ["<img>"] * (576 * len(images)), question, images
+
+    def _limits(self, body, chat, toks, question, images):
         max_tokens = body.get("max_tokens")
         if max_tokens is None:
             max_tokens = body.get("max_completion_tokens")
@@ -361,50 +383,62 @@ class Engine(object):
             reasoning = None
         return reasoning, content, None
 
-    def _account(self, req):
-        """Runs the request's prefill (minus the locally cached prefix and the KV pulled from a prefill engine).
-        -> (stats, cache) with cache = {local, external_queries, external_hits, ttft, t0}.
+    def _start(self, req, steps, step_mult=1.0):
+        """Submits the request to the scheduler: the group's step first (a rank that cannot take part fails it),
+        the KV pulled from the prefill engine on a PD decode side. -> (stats, seq).
 
-        As vLLM's scheduler counts them (vllm/v1/core/sched/scheduler.py, kv_cache_manager.py): prefix-cache
+        What the scheduler counts follows vLLM (vllm/v1/core/sched/scheduler.py, kv_cache_manager.py): prefix-cache
         queries and hits only with prefix caching on; with a KV connector, external queries are the tokens not
         cached locally and external hits the tokens the connector loads (MooncakeConnector: the whole prompt of a
         remote-prefill request, vllm-ascend mooncake_connector.py get_num_new_matched_tokens)."""
-        with self.lock:
-            stats = self.engines[self.next_engine % len(self.engines)]
-            self.next_engine += 1
-            stats.running += 1
         t0 = time.time()
+        with self.lock:
+            rank = self.next_engine % len(self.engines)
+            self.next_engine += 1
+        self.step()
+        external = False
+        if self.kv and req["kv"].get("do_remote_prefill"):
+            kv = self.kv.pull(req["kv"].get("remote_host"), req["kv"].get("remote_port"), req["kv"].get("request_id"))
+            # KV computed by a prefill whose collectives were garbage decodes to garbage
+            req["garbage_kv"] = bool(kv.get("garbage"))
+            external = True
+        seq = sched.Seq(req["prompt_tokens"], steps, step_mult, external=external, connector=bool(self.kv), rank=rank)
+        seq.t0 = t0
+        self.scheduler.submit(seq)
+        return self.engines[rank], seq
+
+    def _emitted(self, seq, alive=None):
+        """The tokens of each step the request gets, until it is finished; a request whose client went away is
+        aborted (vLLM aborts it) and ClientGone raised."""
         try:
-            while wedged():
-                time.sleep(0.5)
-            self.step()
-            toks = req["prompt_tokens"]
-            local = self.cache.lookup_and_insert(toks) if self.args.enable_prefix_caching else 0
-            ext_q = ext_h = 0
-            if self.kv:
-                ext_q = len(toks) - local
-                if req["kv"].get("do_remote_prefill"):
-                    kv = self.kv.pull(req["kv"].get("remote_host"), req["kv"].get("remote_port"),
-                                      req["kv"].get("request_id"))
-                    # KV computed by a prefill whose collectives were garbage decodes to garbage
-                    req["garbage_kv"] = bool(kv.get("garbage"))
-                    ext_h = ext_q
-            time.sleep(max(0, len(toks) - local - ext_h) / PREFILL_TOKENS_PER_S)
-            return stats, {"local": local, "external_queries": ext_q, "external_hits": ext_h,
-                           "ttft": time.time() - t0, "t0": t0}
-        except Exception:
-            with self.lock:
-                stats.running -= 1
-            raise
+            while True:
+                try:
+                    size = seq.events.get(timeout=0.5)
+                except queue.Empty:
+                    if alive is not None and not alive():
+                        raise ClientGone()
+                    continue
+                if size is None:
+                    return
+                yield size
+        finally:
+            if not seq.done:
+                self.scheduler.abort(seq)
+
+    @staticmethod
+    def _cache(seq):
+        return {"local": seq.local, "external_queries": seq.external_queries, "external_hits": seq.external_hits,
+                "ttft": (seq.t_first or time.time()) - seq.t0, "t0": seq.t0}
 
     def decode_steps(self, req, n_out):
         """How the engine produces `n_out` tokens: [tokens of each step] and what its draft did. The first token comes
         with the prefill; with a draft (--speculative-config) every later step proposes k tokens, accepts a prefix
         of them (each position with SPEC_ACCEPT given the ones before; a garbled target accepts none) and emits the
-        accepted ones plus the target's own. -> (steps, step_seconds, {drafts, draft_tokens, accepted, per_pos})."""
+        accepted ones plus the target's own. -> (steps, the cost of a step against a plain decode step, {drafts,
+        draft_tokens, accepted, per_pos})."""
         spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
         if not self.speculative or n_out <= 1:
-            return [1] * n_out, SECONDS_PER_TOKEN, spec
+            return [1] * n_out, 1.0, spec
         k = int(self.speculative["num_speculative_tokens"])
         accept = 0.0 if (self.garbage or garbled()) else SPEC_ACCEPT
         spec["per_pos"] = [0] * k
@@ -422,7 +456,7 @@ class Engine(object):
                 spec["per_pos"][pos] += 1
             steps.append(accepted + 1)
             left -= accepted + 1
-        return steps, SECONDS_PER_TOKEN * (1 + SPEC_STEP_COST_PER_TOKEN * k), spec
+        return steps, 1 + SPEC_STEP_COST_PER_TOKEN * k, spec
 
     def _finish(self, stats, req, cache, n_out, reason, spec=None):
         e2e = time.time() - cache["t0"]
@@ -435,7 +469,6 @@ class Engine(object):
                 per_pos.extend([0] * (len(spec["per_pos"]) - len(per_pos)))
                 for pos, count in enumerate(spec["per_pos"]):
                     per_pos[pos] += count
-            stats.running -= 1
             if self.args.enable_prefix_caching:
                 stats.prefix_queries += len(req["prompt_tokens"])
                 stats.prefix_hits += cache["local"]
@@ -474,14 +507,16 @@ class Engine(object):
         reason = "length" if len(steps) > req["max_tokens"] else "stop"
         return steps[:req["max_tokens"]], None, reason, reason
 
-    def generate(self, req):
+    def generate(self, req, alive=None):
         if req["kv"].get("do_remote_decode") and self.kv:
-            return self._prefill_only(req)
-        stats, cache = self._account(req)
+            return self._prefill_only(req, alive)
         steps, calls, reason, metric_reason = self._output(req)
         n = len(steps)
-        decode, step_seconds, spec = self.decode_steps(req, n)
-        time.sleep(len(decode) * step_seconds)
+        decode, step_mult, spec = self.decode_steps(req, n)
+        stats, seq = self._start(req, decode, step_mult)
+        for _size in self._emitted(seq, alive):
+            pass
+        cache = self._cache(seq)
         self._finish(stats, req, cache, n, metric_reason, spec)
         text = dict((f, "".join(p for g, p in steps if g == f) or None) for f in
                     ("content", "text", versions.vllm()["reasoning_field"]))
@@ -505,9 +540,12 @@ class Engine(object):
                 "choices": [{"index": i, "text": text["text"] or "", "logprobs": None, "finish_reason": reason,
                              "stop_reason": stop_reason} for i in range(choices)], "usage": usage}
 
-    def _prefill_only(self, req):
+    def _prefill_only(self, req, alive=None):
         """The prefill side of PD: one token, and where the decode side fetches the KV from."""
-        stats, cache = self._account(req)
+        stats, seq = self._start(req, [1])
+        for _size in self._emitted(seq, alive):
+            pass
+        cache = self._cache(seq)
         rid = req["kv"].get("request_id") or req["id"]
         self.kv.keep(rid, hashlib.sha256("\x00".join(req["prompt_tokens"]).encode()).hexdigest(),
                      len(req["prompt_tokens"]), bool(self.garbage or self.broken_peers))
@@ -525,8 +563,12 @@ class Engine(object):
         """SSE events as vLLM's serving.py streams them: for chat a first role chunk; one chunk per output token,
         the last one carrying finish_reason (no empty trailing chunk); a usage chunk only when
         stream_options.include_usage (or --enable-force-include-usage); then [DONE]."""
-        stats, cache = self._account(req)
         steps, calls, reason, metric_reason = self._output(req)
+        decode, step_mult, spec = self.decode_steps(req, len(steps))
+        stats, seq = self._start(req, decode, step_mult)
+        emitted = self._emitted(seq)
+        # the prefill (and a KV pull) fails before the response starts; the first token comes with it
+        first = next(emitted, None)
         created = int(time.time())
         kind = "chat.completion.chunk" if req["chat"] else "text_completion"
         opts = req["body"].get("stream_options") or {}
@@ -547,16 +589,18 @@ class Engine(object):
         if req["chat"]:
             yield chunk({"role": "assistant", "content": ""})
         last = len(steps) - 1 if not calls else None
-        decode, step_seconds, spec = self.decode_steps(req, len(steps))
         i = 0
-        for size in decode:
-            # a step's tokens arrive together (a verify step emits the accepted draft tokens and the target's own)
-            time.sleep(step_seconds)
-            for field, piece in steps[i:i + size]:
-                yield chunk({field: piece}, reason if i == last else None, i + 1)
-                i += 1
+        try:
+            for size in _chain_sizes(first, emitted):
+                # a step's tokens arrive together (a verify step emits the accepted draft tokens and the target's own)
+                for field, piece in steps[i:i + size]:
+                    yield chunk({field: piece}, reason if i == last else None, i + 1)
+                    i += 1
+        finally:
+            emitted.close()  # a client that went away: the request is aborted
         if calls:
             yield chunk({"tool_calls": [dict(c, index=i) for i, c in enumerate(calls)]}, reason, len(steps))
+        cache = self._cache(seq)
         self._finish(stats, req, cache, len(steps), metric_reason, spec)
         if include_usage:
             yield json.dumps({"id": req["id"], "object": kind, "created": created, "model": self.served,
@@ -574,9 +618,12 @@ class Engine(object):
             for engine, s in series:
                 lines.append('%s{engine="%s",model_name="%s"%s} %s' % (metric, engine, name, extra, value_of(s)))
 
-        emit("vllm:num_requests_running", "gauge", lambda s: s.running)
-        emit("vllm:num_requests_waiting", "gauge", lambda s: s.waiting)
-        emit("vllm:kv_cache_usage_perc", "gauge", lambda s: round(min(1.0, s.running / 16.0), 3))
+        counts = self.scheduler.counts()
+        rank_of = dict((id(st), i) for i, st in enumerate(self.engines))
+        emit("vllm:num_requests_running", "gauge", lambda s: counts.get(rank_of[id(s)], (0, 0))[0])
+        emit("vllm:num_requests_waiting", "gauge", lambda s: counts.get(rank_of[id(s)], (0, 0))[1])
+        usage = self.scheduler.pool.usage()
+        emit("vllm:kv_cache_usage_perc", "gauge", lambda s: usage)
         emit("vllm:prefix_cache_queries_total", "counter", lambda s: s.prefix_queries)
         emit("vllm:prefix_cache_hits_total", "counter", lambda s: s.prefix_hits)
         emit("vllm:external_prefix_cache_queries_total", "counter", lambda s: s.external_queries)

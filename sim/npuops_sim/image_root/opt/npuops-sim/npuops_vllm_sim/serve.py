@@ -5,6 +5,7 @@ import os
 import queue
 import random
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -319,6 +320,24 @@ def check_speculative(args, tp):
     log("INFO", "speculative decoding: method %s, draft %s, %d speculative tokens, draft TP %d"
         % (method, cfg.get("model"), k, draft_tp))
     return cfg
+
+
+# KV bytes per token per die of Kimi-K3's int8 MLA cache (61 layers x 576), to put the cache in vLLM's GiB
+KV_BYTES_PER_TOKEN = 61 * 576
+
+
+def check_kv_cache(args):
+    """check_enough_kv_cache_memory (vllm/v1/core/kv_cache_utils.py): one sequence of max_model_len must fit the KV
+    cache, or the engine refuses to start."""
+    cap = lm.kv_tokens()
+    if args.max_model_len > cap:
+        gib = float(1 << 30)
+        die("ValueError: To serve at least one request with the models's max seq len (%d), (%.2f GiB KV cache is "
+            "needed, which is larger than the available KV cache memory (%.2f GiB). Based on the available memory, "
+            "the estimated maximum model length is %d. Try increasing `gpu_memory_utilization` or decreasing "
+            "`max_model_len` when initializing the engine." % (args.max_model_len, args.max_model_len *
+                                                               KV_BYTES_PER_TOKEN / gib, cap * KV_BYTES_PER_TOKEN / gib,
+                                                               cap))
 
 
 def connectors(kv):
@@ -708,6 +727,7 @@ def run(args):
     check_shm(local_world)
     weights = check_weights(model_path)
     spec_config = check_speculative(args, tp)
+    check_kv_cache(args)
     if args.tokenizer and not os.path.isdir(args.tokenizer):
         # transformers' AutoTokenizer on a missing local directory (vllm/transformers_utils/tokenizer.py)
         die("OSError: Can't load tokenizer for '%s'. If you were trying to load it from 'https://huggingface.co/"
@@ -878,26 +898,46 @@ def handler(engine, api_key):
                 return self.send(400, lm.error("invalid JSON body"))
             if not engine.ready():
                 return self.send(503, lm.error("the engine is not ready", 503))
+            if self.path == "/tokenize":
+                try:
+                    return self.send(200, engine.tokenize(body))
+                except lm.RequestError as e:
+                    return self.send(e.code, lm.error(str(e), e.code, e.param))
             if self.path not in ("/v1/chat/completions", "/v1/completions"):
                 return self.send(404, {"detail": "Not Found"})
             chat = self.path == "/v1/chat/completions"
+            events = None
             try:
                 req = engine.prepare(body, chat)
                 if not body.get("stream"):
-                    return self.send(200, engine.generate(req))
+                    return self.send(200, engine.generate(req, self.client_alive))
                 events = engine.generate_stream(req)
                 first = next(events)  # the prefill (and a KV pull) fails before the response starts
             except lm.RequestError as e:
                 return self.send(e.code, lm.error(str(e), e.code, e.param))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for event in _chain(first, events):
-                chunk = ("data: %s\n\n" % event).encode()
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
+            except lm.ClientGone:
+                self.close_connection = True
+                return None
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for event in _chain(first, events):
+                    chunk = ("data: %s\n\n" % event).encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            finally:
+                events.close()  # a client that went away mid-stream: its request is aborted
+
+        def client_alive(self):
+            """False once the client has closed its connection (vLLM's with_cancellation aborts the request then)."""
+            try:
+                ready, _w, _x = select.select([self.connection], [], [], 0)
+                return not ready or bool(self.connection.recv(1, socket.MSG_PEEK))
+            except (OSError, ValueError):
+                return False
 
     return H
 

@@ -27,11 +27,14 @@ def test_the_reference_matrix_has_the_published_points():
     random = by_series["random-2048x512"]
     assert [p["concurrency"] for p in random] == [1, 8, 32, 64]
     assert all(p["input_len"] == 2048 and p["output_len"] == 512 and p["ignore_eos"] for p in random)
-    assert [p["num_prompts"] for p in random] == [16, 64, 256, 512]
     assert [p["concurrency"] for p in by_series["agentic-80k"]] == [1, 2, 4, 8]
     assert [p["concurrency"] for p in by_series["agentic-200k"]] == [1, 2, 4]
     assert all(p["turns"] == 13 and p["output_len"] == 220 for p in by_series["agentic-200k"])
     assert len(set(p["name"] for p in points)) == len(points) == 11
+    # the field report's request counts: 420 random, 260 at 80K, 156 at 200K
+    requests = dict((s, sum(p["num_prompts"] if p["kind"] == "random" else p["sessions"] * p["turns"] for p in ps))
+                    for s, ps in by_series.items())
+    assert requests == {"random-2048x512": 420, "agentic-80k": 260, "agentic-200k": 156}
 
 
 def test_series_that_cannot_fit_the_context_are_left_out_and_said_why():
@@ -69,3 +72,21 @@ def test_printed_rows():
                             "per_user_tok_s": None, "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0,
                             "prefix_hit_rate": 0.5})
     assert "c=8" in line and "user - tok/s" in line and "hit 0.50" in line
+
+
+def test_the_run_metadata_names_flags_graph_mode_prefix_caching_draft_and_the_planned_sessions():
+    """What the tutorial asks to record with every result, read from what the plan renders; and the capacity plan's
+    sessions per long context of the 2-node template (the field report: 200K at most 2, 80K at most 4)."""
+    from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered
+    from ansible_collections.npuops.ascend.plugins.filter import serve, topology
+    groups, hv = inventory(2)
+    tier, model, opts = rendered("2node_pp", "kimi_k3_1_pro_w4a8")
+    plan = topology.plan_topology(groups, hv, tier)
+    containers = serve.serve_containers(plan, hv, tier, model, opts)
+    meta = bench.bench_run_metadata(plan, containers, model, tier, matrices()["reference"], "3f2a9c")
+    run = meta["run"]
+    assert run["weights_revision"] == "3f2a9c" and run["draft"] == "none" and run["prefix_caching"] == "on"
+    # the field report's command sets no --compilation-config: the image's own default runs
+    assert run["graph_mode"] == "the image's default" and run["flags"].startswith("vllm serve ")
+    assert meta["planned_concurrency"]["agentic-200k"].startswith("at most 2 sessions of 203120 tokens")
+    assert meta["planned_concurrency"]["agentic-80k"].startswith("at most 5 sessions of 83120 tokens")

@@ -213,3 +213,38 @@ def test_the_access_check_names_the_key_on_401_and_passes_other_errors_on():
         bench.check_access(Endpoint(401), "m")
     with pytest.raises(bench.ApiError, match="HTTP 503: nope"):
         bench.check_access(Endpoint(503), "m")
+
+
+def test_a_prompt_is_sized_in_the_engines_tokens_through_tokenize():
+    """A tokenizer makes more tokens than words (here 2 per word): the prompt is sized by what /tokenize counts, within
+    3 % under the target; without /tokenize (a PD proxy) at 3 tokens per word, never over it."""
+    from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import sized_prompt
+    engine = FakeEndpoint(tokens_per_word=2)
+    text, counted, how = sized_prompt(engine, "m", 80000, seed=7)
+    assert how == "tokenize" and 0.97 * 80000 <= counted <= 80000 and counted == engine.count(text)
+    assert engine.tokenized[0]["model"] == "m"
+    engine = FakeEndpoint(tokens_per_word=3)
+    text, counted, how = sized_prompt(engine, "m", 2000)
+    assert 0.97 * 2000 <= counted <= 2000
+    proxy = FakeEndpoint(tokens_per_word=3, tokenize=False)
+    text, counted, how = sized_prompt(proxy, "m", 2000)
+    assert how == "estimate" and counted is None and proxy.count(text) <= 2000
+
+
+def test_the_agentic_context_is_sized_in_tokens_and_the_follow_up_hit_rate_leaves_out_first_turns():
+    point = {"name": "a-c2", "series": "a", "kind": "multi_turn", "concurrency": 2, "sessions": 2, "turns": 3,
+             "output_len": 4, "context_tokens": 1000}
+    engine = FakeEndpoint(tokens_per_word=2)
+    result = bench.multi_turn(engine, "m", point)
+    assert result["context_sizing"] == ["tokenize"]
+    assert all(970 <= n <= 1000 for n in result["context_tokens_counted"])
+    first = [n for n, t in zip(result["input_lens"], result["turn_index"]) if t == 0]
+    assert len(first) == 2 and all(970 <= n < 1040 for n in first)
+    # the engine's counters around the point: 12 000 prompt tokens asked, 9 000 of them cached
+    spec = dict.fromkeys(("spec_drafts", "spec_draft_tokens", "spec_accepted", "external_queries", "external_hits"), 0)
+    before = dict(spec, queries=1000.0, hits=0.0)
+    queries = float(sum(result["input_lens"]))
+    after = dict(spec, queries=1000.0 + queries, hits=0.9 * (queries - sum(first)))
+    assert bench.follow_up_hit_rate(before, after, result) == 0.9
+    assert bench.follow_up_hit_rate(before, after, {"input_lens": [5], "completed": 1}) is None  # random points
+    assert bench.mean_input_tokens(result) == round(queries / 6, 1)

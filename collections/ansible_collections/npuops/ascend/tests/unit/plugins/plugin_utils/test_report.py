@@ -106,3 +106,15 @@ def test_request_rows_for_a_point_missing_from_the_results_are_flagged(tmp_path,
     assert not summary["adds_up"]
     assert any("no result" in p for r in summary["reconciliation"] for p in r["problems"])
     assert copy.deepcopy(summary["meta"]) == {}
+
+
+@pytest.mark.parametrize("speeds, expected", [
+    # the field report's per-user speeds (1000 / TPOT P50): random 2048/512, agentic 80K and 200K
+    ({1: 20.5, 8: 8.9, 32: 6.9, 64: 5.1}, 32),
+    ({1: 17.4, 2: 8.5, 4: 7.3, 8: 1.7}, 4),
+    ({1: 17.0, 2: 8.4, 4: 2.9}, 2),
+    ({1: None, 2: None}, None),
+])
+def test_the_knee_is_the_last_point_within_a_quarter_of_the_best_per_user_speed(speeds, expected):
+    rows = [{"concurrency": c, "per_user_tok_s": v} for c, v in speeds.items()]
+    assert report.knee(rows) == expected
