@@ -211,7 +211,8 @@ def test_the_stats_endpoint_is_the_floating_address_with_one_entry_per_instance(
                                        "hosts": ["node03", "node04"], "model": {
                                            "served_model_name": "kimi-k3", "preset": "kimi_k3_w4a8",
                                            "model_dir": "/srv/models/kimi-k3-w4a8",
-                                           "recipe": "gpuworks_kimi_k3_1_pro_2node_a3"}}
+                                           "recipe": "gpuworks_kimi_k3_1_pro_2node_a3", "draft": None,
+                                           "num_speculative_tokens": None}}
 
 
 def test_admin_socket_and_stats_are_local_only(cluster):
@@ -463,23 +464,31 @@ def completion_model(url):
         return None, None, None
 
 
-def test_replicas_on_different_weights_canary_answers_each_with_its_own_model_and_status_names_them(cluster, tmp_path):
-    """The planning article's usage B: instance b moves to a new weight set (its own directory, its own name) while a
-    keeps the stable one, behind a 10/90 canary. The weights go to b's nodes only, only b restarts (rolling, through
-    the gateway), each instance answers with its own model name, and status names the model per instance."""
-    v2 = "/srv/models/kimi-k3-w4a8-v2"
-    sim("weights", "--node", "3", "--size", "16M", "--files", "2", "--dir", v2)
-    # the operator's inventory: the cluster's, with instance b's own weights in group_vars/instance_b.yml
+V2 = "/srv/models/kimi-k3-w4a8-v2"
+
+
+def operator_inventory(cluster, tmp_path, weights):
+    """The operator's inventory of the canary on two weight sets: the cluster's, with instance b's own weights in
+    group_vars/instance_b.yml and the canary's weights."""
     inv = tmp_path / "inv"
     (inv / "group_vars").mkdir(parents=True)
     (inv / "hosts.yml").write_text(open(cluster.inventory).read())
     (inv / "group_vars" / "all.yml").write_text(
         open(os.path.join(REPO, "inventories", "sim", "group_vars", "all.yml")).read()
-        + "npuops_gateway_mode: canary\nnpuops_gateway_weights: {a: 10, b: 90}\n")
+        + "npuops_gateway_mode: canary\nnpuops_gateway_weights: %s\n" % json.dumps(weights))
     (inv / "group_vars" / "instance_b.yml").write_text(
         "npuops_model_dir: %s\nnpuops_model_overrides: {weights_bytes: 4000000000, served_model_name: kimi-k3-v2}\n"
-        % v2)
-    operator = type("Inventory", (), {"inventory": str(inv / "hosts.yml")})()
+        % V2)
+    return type("Inventory", (), {"inventory": str(inv / "hosts.yml")})()
+
+
+def test_replicas_on_different_weights_canary_answers_each_with_its_own_model_and_status_names_them(cluster, tmp_path):
+    """The planning article's usage B: instance b moves to a new weight set (its own directory, its own name) while a
+    keeps the stable one, behind a 10/90 canary. The weights go to b's nodes only, only b restarts (rolling, through
+    the gateway), each instance answers with its own model name, and status names the model per instance."""
+    sim("weights", "--node", "3", "--size", "16M", "--files", "2", "--dir", V2)
+    v2 = V2
+    operator = operator_inventory(cluster, tmp_path, {"a": 10, "b": 90})
     rolled = tmp_path / "rolled.json"
     rolled.write_text(json.dumps(ROLLED))  # the inventory as the earlier rollout left it
     a_started = cluster.started(["node01", "node02"])
@@ -498,7 +507,8 @@ def test_replicas_on_different_weights_canary_answers_each_with_its_own_model_an
     for node in ("node01", "node02"):  # a's nodes never receive b's weights
         assert cluster.ssh(node, "test -e %s && echo there || echo absent" % v2).stdout.strip() == "absent"
     assert outcome["instances"]["b"]["model"] == {"served_model_name": "kimi-k3-v2", "preset": "kimi_k3_w4a8",
-                                                  "model_dir": v2, "recipe": outcome["recipe"]}
+                                                  "model_dir": v2, "recipe": outcome["recipe"], "draft": None,
+                                                  "num_speculative_tokens": None}
     assert outcome["instances"]["a"]["model"]["served_model_name"] == "kimi-k3"
 
     answers = [completion_model(cluster.url) for _ in range(100)]
@@ -514,3 +524,113 @@ def test_replicas_on_different_weights_canary_answers_each_with_its_own_model_an
     assert re.search(r"b: healthy \(node03, node04\) - a token in .*?; serves kimi-k3-v2 from %s" % v2, text), text[-3000:]
     assert re.search(r"a: healthy \(node01, node02\) - a token in .*?; serves kimi-k3 from /srv/models/kimi-k3-w4a8 ",
                      text), text[-3000:]
+
+
+def haproxy_servers(c):
+    """{server: (status, UP->DOWN transitions)} of the service's backend, from the active gateway host's stats CSV."""
+    holder = vip_holder(c) or "gw01"
+    code = ("import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8404/stats;csv', timeout=5)"
+            ".read().decode())")
+    text = c.api.nsenter(holder, ["/usr/bin/python3", "-c", code]).stdout
+    lines = [line for line in text.splitlines() if line.strip()]
+    header = lines[0].lstrip("# ").split(",")
+    out = {}
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(",")))
+        if row.get("svname") in ("a-1", "b-1"):
+            out[row["svname"]] = (row["status"], int(row.get("chkdown") or 0))
+    return out
+
+
+class Peak:
+    """`clients` clients, each sending long completions (a long prompt, `tokens` tokens out) one after another until
+    the block ends: every request bounded (a queued one waits for minutes at most)."""
+
+    def __init__(self, url, clients, tokens):
+        self.url, self.tokens, self.results, self.lock = url, tokens, [], threading.Lock()
+        self.done = threading.Event()
+        self.threads = [threading.Thread(target=self.client, daemon=True) for _ in range(clients)]
+
+    def client(self):
+        body = json.dumps({"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": self.tokens, "ignore_eos": True})
+        while not self.done.is_set():
+            t0 = time.monotonic()
+            req = urllib.request.Request(self.url + "/v1/completions", method="POST", data=body.encode(),
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=180) as r:
+                    r.read()
+                    status = r.status
+            except urllib.error.HTTPError as e:
+                status = e.code
+            except OSError:
+                status = None
+            with self.lock:
+                self.results.append((t0, time.monotonic(), status))
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        for t in self.threads:
+            t.join(timeout=200)
+
+    def failed_between(self, t0, t1):
+        """Requests that started in [t0, t1) and did not answer 200."""
+        return [r for r in self.results if t0 <= r[0] < t1 and r[2] != 200]
+
+
+def test_at_its_peak_the_service_stays_up_busy_and_a_wedged_instance_alone_goes_out_and_is_restarted(cluster, tmp_path):
+    """Load at 3 x max_num_seqs per instance and more (the rollout left max_num_seqs 4: 30 clients over two
+    instances, long prompts, 3000 tokens out), NPUOPS_TEST_PEAK_SECONDS (120 in CI): no request fails, no server is
+    marked down (a health check that queued behind the load would mark both down and cut their sessions), and
+    status.yml exits 0 naming both instances busy. Then instance a's engine wedges under that load (/health still
+    200): out of rotation within 10 s, status names it down, recover restarts it and leaves b alone."""
+    seconds = float(os.environ.get("NPUOPS_TEST_PEAK_SECONDS", "120"))
+    operator = operator_inventory(cluster, tmp_path, {"a": 50, "b": 50})
+    rolled = tmp_path / "rolled.json"
+    rolled.write_text(json.dumps(ROLLED))
+    playbook(operator, "gateway", "-l", "gateway", "-e", "@%s" % rolled, timeout=300)
+    before = haproxy_servers(cluster)
+    assert before["a-1"][0] == "UP" and before["b-1"][0] == "UP", before
+    b_started = cluster.started(["node03", "node04"])
+    with Peak(cluster.url, 30, 3000) as peak:
+        start = time.monotonic()
+        time.sleep(min(30.0, seconds / 2))
+        rc, out, stats = runner(operator, tmp_path, "status", "-e @%s" % rolled)
+        status = stats["npuops_status"]
+        assert rc == 0 and status["healthy"] is True and status["state"] == "busy", out[-3000:]
+        for name in ("a", "b"):
+            assert status["instances"][name]["state"] == "busy", status["instances"][name]
+            assert status["instances"][name]["reason"].startswith("busy: "), status["instances"][name]
+        assert "service: busy" in " ".join(out.split()), out[-3000:]
+        time.sleep(max(0.0, seconds - (time.monotonic() - start)))
+        during = haproxy_servers(cluster)
+        peak_end = time.monotonic()
+        assert {s: c for s, (_st, c) in during.items()} == {s: c for s, (_st, c) in before.items()}, (before, during)
+        assert [st for st, _c in during.values()] == ["UP", "UP"], during
+        assert peak.failed_between(start, peak_end) == [] and len(peak.results) >= 20, peak.results[-5:]
+
+        sim("fault", "--node", "1", "--fault", "engine_wedge")
+        try:
+            wedged_at = time.monotonic()
+            while haproxy_servers(cluster)["a-1"][0] == "UP" and time.monotonic() - wedged_at < 30:
+                time.sleep(0.5)
+            took = time.monotonic() - wedged_at
+            assert haproxy_servers(cluster)["a-1"][0].startswith("DOWN") and took <= 10, (took,
+                                                                                          haproxy_servers(cluster))
+            rc, out, stats = runner(operator, tmp_path, "status", "-e @%s" % rolled)
+            status = stats["npuops_status"]
+            assert rc != 0 and status["instances"]["a"]["state"] == "down", out[-3000:]
+            assert "no progress" in status["instances"]["a"]["reason"], status["instances"]["a"]
+            assert status["instances"]["b"]["state"] in ("busy", "healthy"), status["instances"]["b"]
+            # a restart cures the wedge (the simulated fault holds only the engines that ran when it came)
+            rc, out, _stats = runner(operator, tmp_path, "recover", "-e @%s" % rolled)
+            assert rc == 0 and re.search(r"Recovered a/\S+ in [\d.]+s", " ".join(out.split())), out[-3000:]
+            assert cluster.started(["node03", "node04"]) == b_started  # b was not touched
+        finally:
+            sim("fault", "--node", "1", "--fault", "clear")
+

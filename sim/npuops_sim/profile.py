@@ -5,6 +5,7 @@ change it. The cluster code writes the result where the node's driver state live
 matching real effect (an address removed, a route blocked, a file deleted) for network/file faults.
 """
 import copy
+import time
 
 DRIVER_VERSION = "25.5.1"
 OLD_DRIVER_VERSION = "24.1.rc3.7"  # too old for the CANN 9.x images (vllm-ascend#5468)
@@ -123,6 +124,9 @@ def apply_fault(profile, fault, device=None, **extra):
     elif fault == "old_driver":
         p["driver_version"] = p["npu_smi_version"] = OLD_DRIVER_VERSION
     record = {"fault": fault}
+    if fault == "engine_wedge":
+        # a hung collective wedges the engines that run now; one started later (a restart) is not wedged
+        record["at"] = time.time()
     if device is not None:
         record["device"] = int(device)
     record.update({k: v for k, v in extra.items() if v is not None})

@@ -25,6 +25,17 @@ def _positive(series, key, where):
     return value
 
 
+def _per_point(series, key, index, levels, where):
+    """A count given per point: one number for every point, or a list with one per concurrency."""
+    value = series.get(key)
+    if isinstance(value, list):
+        if len(value) != len(levels):
+            raise AnsibleFilterError("bench_points: %s: %s has %d values for %d concurrencies" % (
+                where, key, len(value), len(levels)))
+        return _positive({key: value[index]}, key, where)
+    return _positive(series, key, where)
+
+
 def context_needed(series):
     """Tokens the longest request of a series holds (prompt + output), to compare with max_model_len."""
     if series.get("kind") == "multi_turn":
@@ -44,9 +55,10 @@ def bench_dropped(matrix, max_model_len):
 def bench_points(matrix, name="matrix", max_model_len=None):
     """[{series, kind, concurrency: [..], ...}] -> [{name: <series>-c<N>, series, kind, concurrency, ...}].
 
-    random: num_prompts per point, or max(min_prompts, prompts_per_concurrency * concurrency) (defaults 4 and 8),
-    so every point runs long enough to reach steady state. multi_turn: sessions per point, or
-    sessions_per_concurrency * concurrency (default 1), each session `turns` long. With max_model_len, series that cannot fit are
+    random: num_prompts (one number, or a list with one per concurrency), or max(min_prompts,
+    prompts_per_concurrency * concurrency) (defaults 4 and 8), so every point runs long enough to reach steady
+    state. multi_turn: sessions (one number or a list), or sessions_per_concurrency * concurrency (default 1), each
+    session `turns` long. With max_model_len, series that cannot fit are
     left out (bench_dropped says which and why)."""
     if not isinstance(matrix, list) or not matrix:
         raise AnsibleFilterError("bench_points: the %s matrix must be a non-empty list of series" % name)
@@ -66,16 +78,17 @@ def bench_points(matrix, name="matrix", max_model_len=None):
         levels = series.get("concurrency")
         if not isinstance(levels, list) or not levels:
             raise AnsibleFilterError("bench_points: %s: concurrency must be a list such as [1, 8, 32, 64]" % where)
-        for level in levels:
+        for index, level in enumerate(levels):
             conc = _positive({"concurrency": level}, "concurrency", where)
             point = dict(fields, name="%s-c%d" % (label, conc), series=label, kind=kind, concurrency=conc)
             if kind == "random":
                 point["ignore_eos"] = bool(series.get("ignore_eos", True))
-                point["num_prompts"] = _positive(series, "num_prompts", where) if "num_prompts" in series else max(
-                    int(series.get("min_prompts", 4)), int(series.get("prompts_per_concurrency", 8)) * conc)
+                point["num_prompts"] = _per_point(series, "num_prompts", index, levels, where) \
+                    if "num_prompts" in series else max(int(series.get("min_prompts", 4)),
+                                                        int(series.get("prompts_per_concurrency", 8)) * conc)
             else:
-                point["sessions"] = _positive(series, "sessions", where) if "sessions" in series else \
-                    int(series.get("sessions_per_concurrency", 1)) * conc
+                point["sessions"] = _per_point(series, "sessions", index, levels, where) if "sessions" in series \
+                    else int(series.get("sessions_per_concurrency", 1)) * conc
             points.append(point)
     names = [p["name"] for p in points]
     twice = sorted(set(n for n in names if names.count(n) > 1))
@@ -103,12 +116,13 @@ def bench_run_metadata(plan, containers, model_spec, tier, matrix=None, revision
         compilation = json.loads(_argv_value(argv, "--compilation-config") or "{}")
         speculative = json.loads(_argv_value(argv, "--speculative-config") or "null")
         run[prefix + "flags"] = " ".join(str(a) for a in argv)
-        run[prefix + "graph_mode"] = compilation.get("cudagraph_mode") or ("eager" if "--enforce-eager" in argv else
-                                                                          "the image's default")
+        default_mode = "eager" if "--enforce-eager" in argv else "the image's default"
+        run[prefix + "graph_mode"] = compilation.get("cudagraph_mode") or default_mode
         run[prefix + "prefix_caching"] = "off" if "--no-enable-prefix-caching" in argv else "on"
-        run[prefix + "draft"] = "%s, %s speculative tokens" % (speculative.get("model"),
-                                                              speculative.get("num_speculative_tokens")) \
-            if speculative else "none"
+        run[prefix + "draft"] = "none"
+        if speculative:
+            run[prefix + "draft"] = "%s, %s speculative tokens" % (
+                speculative.get("model"), speculative.get("num_speculative_tokens"))
     planned = {}
     group = (tier.get("groups") or [{}])[0]
     for series in matrix or []:

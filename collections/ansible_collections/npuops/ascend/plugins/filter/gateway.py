@@ -5,7 +5,8 @@
 order of a rolling update. Pure functions; the gateway role writes what they return.
 
 HAProxy 2.6 (Debian 12's package), configuration manual sections used: ``option httpchk`` / ``http-check send``
-(a tiny completion as the health check: a wedged engine answers /health but produces no token),
+(GET /health: liveness that does not queue behind the load), ``agent-check`` / ``agent-port`` / ``agent-addr`` /
+``agent-inter`` (progress, from the gateway agent: a wedged engine answers /health but produces no token),
 ``default-server inter/fastinter/fall/rise``, ``backup`` and ``option allbackups``, ``balance leastconn``,
 ``weight``, ``map()`` converters, ``stats socket ... level admin`` and ``hard-stop-after``. keepalived's
 ``vrrp_instance`` / ``vrrp_script`` (keepalived.conf(5)).
@@ -15,7 +16,6 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import json
 
 from ansible.errors import AnsibleFilterError
 
@@ -29,10 +29,16 @@ KEEPALIVED_BIN = "/usr/sbin/keepalived"
 TENANT_MAP = "/etc/haproxy/npuops-tenants.map"
 STATS_PORT = topology.STATS_PORT
 SERVICE_BACKEND = "be_service"
-# A check every second; a server is down after 3 failed checks (300 ms apart once one failed), each bounded by
-# 1.5 s: a dead engine is out within ~1 s (connection refused), a frozen or wedged one within about 1 + 3 x 1.5
-# + 2 x 0.3 = 6.1 s, inside the 10 s failover budget. Back in after 2 good checks.
+# Liveness: GET /health every second, which vLLM's API server answers without queueing behind the load (a busy engine
+# stays in); a server is down after 3 failed checks (300 ms apart once one failed), each bounded by 1.5 s: a dead
+# engine is out within ~1 s (connection refused), a frozen one within about 1 + 3 x 1.5 + 2 x 0.3 = 6.1 s. Progress:
+# the agent check (roles/gateway/files/npuops_gateway_agent.py on the gateway host, asked every second) says down
+# once requests are in flight and the engine has not stepped for AGENT["stall_seconds"]: a wedged engine (/health
+# 200, no token) is out within 6 + 1 + 1 = 8 s; HAProxy takes one "down" from an agent (its rise and fall are 1).
+# Both inside the 10 s failover budget. Back in after 2 good checks.
 CHECK = {"inter": "1s", "fastinter": "300ms", "downinter": "1s", "fall": 3, "rise": 2, "timeout": "1500ms"}
+AGENT = {"inter": "1s", "port_base": 18710, "stall_seconds": 6, "interval": 1, "probe_timeout": 3, "probe_every": 5,
+         "bind": "127.0.0.1"}
 
 
 def backend_of(instance):
@@ -53,34 +59,57 @@ def servers(gateway):
     return out
 
 
-def _check_lines(model, api_key):
-    body = json.dumps({"model": model, "prompt": "1", "max_tokens": 1}, separators=(",", ":"))
-    auth = " hdr Authorization \"Bearer %s\"" % api_key if api_key else ""
+def _check_lines(health_path):
     return ["    option httpchk",
-            "    http-check send meth POST uri /v1/completions ver HTTP/1.1 hdr Host npuops-gateway "
-            "hdr Content-Type application/json%s body '%s'" % (auth, body),
+            "    http-check send meth GET uri %s ver HTTP/1.1 hdr Host npuops-gateway" % health_path,
             "    http-check expect status 200",
             "    timeout check %s" % CHECK["timeout"],
-            "    default-server inter %s fastinter %s downinter %s fall %d rise %d on-marked-down shutdown-sessions"
-            % (CHECK["inter"], CHECK["fastinter"], CHECK["downinter"], CHECK["fall"], CHECK["rise"])]
+            # a server marked down (dead, frozen, or wedged by the agent's word) has its sessions cut: nothing of
+            # theirs comes back; a busy one is never marked down
+            "    default-server inter %s fastinter %s downinter %s fall %d rise %d agent-inter %s agent-addr %s "
+            "on-marked-down shutdown-sessions" % (CHECK["inter"], CHECK["fastinter"], CHECK["downinter"],
+                                                  CHECK["fall"], CHECK["rise"], AGENT["inter"], AGENT["bind"])]
+
+
+def agent_ports(gateway):
+    """{server name: the port its agent check listens on, on the gateway host}."""
+    return dict((name, AGENT["port_base"] + i) for i, (_be, name, _inst) in enumerate(servers(gateway)))
+
+
+def agent_config(gateway, model, api_key=""):
+    """The agent's configuration (JSON; it holds the engines' API key for its idle probe: a root-only file)."""
+    ports = agent_ports(gateway)
+    out = []
+    for inst in gateway["instances"]:
+        own = (gateway.get("models") or {}).get(inst) or model
+        for i, s in enumerate(gateway["backends"][inst]):
+            name = server_name(inst, i)
+            out.append({"name": name, "agent_port": ports[name], "url": "http://%s:%d" % (s["address"], int(s["port"])),
+                        "model": own})
+    config = dict((k, AGENT[k]) for k in ("stall_seconds", "interval", "probe_timeout", "probe_every", "bind"))
+    config.update(servers=out, api_key=api_key or "")
+    return config
 
 
 def _server_lines(gateway, instances, backup=(), weights=None):
     lines = []
+    ports = agent_ports(gateway)
     for inst in instances:
         for i, s in enumerate(gateway["backends"][inst]):
             extra = " backup" if inst in backup else ""
             if weights is not None:
                 extra += " weight %d" % int(weights[inst])
-            lines.append("    server %s %s:%d check%s" % (server_name(inst, i), s["address"], int(s["port"]), extra))
+            name = server_name(inst, i)
+            lines.append("    server %s %s:%d check agent-check agent-port %d%s" % (
+                name, s["address"], int(s["port"]), ports[name], extra))
     return lines
 
 
 def haproxy_config(gateway, model, options=None):
-    """haproxy.cfg for the plan's gateway. `model` is the service's served model name (the health check's completion
-    asks for it; in tenant mode each backend asks for its instance's own, the plan's gateway.models); `options`:
-    weights ({instance: 0-256}, canary), api_key (the engines' key, sent by the checks), tenants (truthy in tenant
-    mode: the keys themselves live in the map file, never here)."""
+    """haproxy.cfg for the plan's gateway: every server checked for liveness (GET the instance's health path) and for
+    progress (the agent check, agent_config). `model` is the service's served model name; `options`: weights
+    ({instance: 0-256}, canary), api_key (the engines' key: tenant mode sends it to the engines), tenants (truthy in
+    tenant mode: the keys themselves live in the map file, never here)."""
     options = options or {}
     mode = gateway["mode"]
     insts = list(gateway["instances"])
@@ -136,8 +165,7 @@ def haproxy_config(gateway, model, options=None):
         lines += ["    use_backend %%[var(txn.npuops_key),map(%s)]" % TENANT_MAP, ""]
         for inst in insts:
             lines += ["backend %s" % backend_of(inst), "    balance leastconn"]
-            own = (gateway.get("models") or {}).get(inst) or model
-            lines += _check_lines(own, options.get("api_key")) + _server_lines(gateway, [inst]) + [""]
+            lines += _check_lines(gateway.get("health_path") or "/health") + _server_lines(gateway, [inst]) + [""]
         return "\n".join(lines) + "\n"
     lines += ["    default_backend %s" % SERVICE_BACKEND, "", "backend %s" % SERVICE_BACKEND]
     if mode == "active_standby":
@@ -155,7 +183,7 @@ def haproxy_config(gateway, model, options=None):
                                      % ", ".join(missing))
         lines += ["    balance roundrobin"]
         body = _server_lines(gateway, insts, weights=weights)
-    lines += _check_lines(model, options.get("api_key")) + body
+    lines += _check_lines(gateway.get("health_path") or "/health") + body
     return "\n".join(lines) + "\n"
 
 
@@ -236,4 +264,4 @@ class FilterModule(object):
     def filters(self):
         return {"gateway_haproxy_config": haproxy_config, "gateway_tenant_map": tenant_map,
                 "gateway_keepalived_config": keepalived_config, "gateway_rollout_order": rollout_order,
-                "gateway_servers_of": gateway_servers_of}
+                "gateway_servers_of": gateway_servers_of, "gateway_agent_config": agent_config}

@@ -5,8 +5,10 @@
 
 healthy: every container of the instance runs (made by npuops), every serving engine answers /health, and a
 token comes out of the front door. degraded: a token comes out, but something of the instance is wrong (a
-container not running, an engine's /health failing, a host unreachable). down: no token comes out. The service is
-healthy only when every instance is.
+container not running, an engine's /health failing, a host unreachable). busy: no token for the probe within its
+timeout, while the engines have requests in flight and step (their /metrics, read beside the probe): healthy for the
+exit code, never restarted. down: no token comes out and nothing moves. The service is healthy when every instance
+is healthy or busy.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -21,6 +23,8 @@ from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import host
 HEALTHY = "healthy"
 DEGRADED = "degraded"
 DOWN = "down"
+# requests wait and the engines still step: healthy for the exit code, and never restarted by recover
+BUSY = "busy"
 
 
 def _containers_of(plan, containers, instance):
@@ -113,7 +117,7 @@ def _image_text(entry):
 GATEWAY = "gateway"
 
 
-def gateway_status(plan, hostvars, key, probes):
+def gateway_status(plan, hostvars, key, probes, busy=False):
     """The front door of replicas: the floating address answers a token, HAProxy and keepalived run on every gateway
     host, and which instance's servers are out of rotation (drained or in maintenance) at which host.
     -> {state, reason, problems, hosts: {host: {...}}, out_of_rotation: {instance: ["gw01 DRAIN", ...]}} or None."""
@@ -149,6 +153,11 @@ def gateway_status(plan, hostvars, key, probes):
         state = HEALTHY if not problems else DEGRADED
         took = front.get("seconds", 0)
         reason = "; ".join(problems) if problems else "a token in %.2fs through %s" % (took, gw["endpoint"])
+    elif busy and "no token within" in str(front.get("detail")) and not problems:
+        # behind it the instances are busy: the token waits in their queues
+        state = BUSY
+        reason = "busy: %s through the floating address %s while the instances behind it are busy" % (
+            front.get("detail"), gw["endpoint"])
     else:
         state = DOWN
         reason = "; ".join(["%s through the floating address %s" % (front.get("detail"), gw["endpoint"])] + problems)
@@ -181,20 +190,31 @@ def service_status(plan, hostvars, containers, key, probes, gateway_key=None):
             through = "%s (%s)" % (inst["front_host"], inst["endpoint"])
             took = front.get("seconds", 0)
             reason = "; ".join(problems) if problems else "a token in %.2fs through %s" % (took, through)
+        elif _busy(front, probe.get("progress")):
+            # the probe's token waits in the queue behind the load while the engines step: busy, not down
+            state = BUSY
+            reason = "; ".join(["busy: %s; no token for the probe within its timeout" % probe["progress"]["detail"]]
+                               + problems)
         else:
             state = DOWN
             why = "%s through %s (%s)" % (front.get("detail"), inst["front_host"], inst["endpoint"])
             if fh.get("ok"):
                 why += " although %s answers (a wedged engine)" % fh.get("detail")
+            prog = probe.get("progress") or {}
+            if prog.get("ok") and prog.get("in_flight"):
+                why += "; %s: no progress" % prog["detail"]
             reason = "; ".join([why] + problems)
         out[name] = {"state": state, "reason": reason, "hosts": list(inst["hosts"]), "problems": problems,
                      "endpoint": inst["endpoint"], "model": topology.instance_model(inst)}
         out[name].update(_images(plan, containers, hostvars, key, name))
     states = set(v["state"] for v in out.values())
-    service = HEALTHY if states == {HEALTHY} else (DOWN if states == {DOWN} else DEGRADED)
+    if states <= {HEALTHY, BUSY}:
+        service = BUSY if BUSY in states else HEALTHY
+    else:
+        service = DOWN if states == {DOWN} else DEGRADED
     summary = ["%s: %s (%s) - %s%s%s" % (name, v["state"], ", ".join(v["hosts"]), v["reason"], _model_text(v),
                                          _image_text(v)) for name, v in sorted(out.items())]
-    gateway = gateway_status(plan, hostvars, gateway_key, probes) if gateway_key else None
+    gateway = gateway_status(plan, hostvars, gateway_key, probes, busy=BUSY in states) if gateway_key else None
     if gateway:
         if gateway["state"] == DOWN:
             service = DOWN
@@ -202,8 +222,15 @@ def service_status(plan, hostvars, containers, key, probes, gateway_key=None):
             service = DEGRADED
         summary.append("%s: %s (%s) - %s" % (GATEWAY, gateway["state"], ", ".join(plan["gateway"]["hosts"]),
                                              gateway["reason"]))
-    return {"healthy": service == HEALTHY, "state": service, "instances": out, "gateway": gateway,
+    # busy is healthy for the exit code: requests wait, tokens come (only an instance without progress is down)
+    return {"healthy": service in (HEALTHY, BUSY), "state": service, "instances": out, "gateway": gateway,
             "summary": summary}
+
+
+def _busy(front, progress):
+    """The token probe timed out while the instance's engines have requests in flight and step."""
+    return bool(progress and progress.get("ok") and progress.get("progressing") and progress.get("in_flight")
+                and "no token within" in str(front.get("detail")))
 
 
 def status_probe_targets(plan, model):
@@ -211,7 +238,8 @@ def status_probe_targets(plan, model):
     gateway its floating address (named `gateway`); each asked for the model it serves (`model` when the plan
     names none)."""
     out = [{"name": name, "url": inst["endpoint"], "model": inst.get("served_model_name") or model,
-            "health_path": inst["health_path"], "engines": [u for u in inst["api_urls"] if u != inst["endpoint"]]}
+            "health_path": inst["health_path"], "engines": [u for u in inst["api_urls"] if u != inst["endpoint"]],
+            "metrics": list(inst["api_urls"])}
            for name, inst in sorted(plan["instances"].items())]
     if plan.get("gateway"):
         out.append({"name": GATEWAY, "url": plan["gateway"]["endpoint"],
@@ -223,7 +251,7 @@ def unhealthy_groups(plan, status):
     """The engine groups (instance/group) of every instance that is not healthy: what recover restarts."""
     keys = []
     for name, v in sorted(status["instances"].items()):
-        if v["state"] != HEALTHY:
+        if v["state"] not in (HEALTHY, BUSY):  # a busy instance makes progress: never restarted
             keys.extend(g["key"] for g in plan["instances"][name]["groups"].values())
     return keys
 
@@ -253,10 +281,10 @@ def rotation(hostvars, plan, key):
 
 def gateway_repairs(status):
     """What recover does at the gateway: the gateway hosts whose HAProxy or keepalived is down (the gateway role
-    starts them again), and the healthy instances out of rotation (put back)."""
+    starts them again), and the healthy (or busy) instances out of rotation (put back)."""
     gw = status.get("gateway") or {}
     restart = sorted(h for h, v in (gw.get("hosts") or {}).items() if not (v["haproxy"] and v["keepalived"]))
-    back = sorted(i for i in (gw.get("out_of_rotation") or {}) if status["instances"][i]["state"] == HEALTHY)
+    back = sorted(i for i in (gw.get("out_of_rotation") or {}) if status["instances"][i]["state"] in (HEALTHY, BUSY))
     return {"restart": restart, "back": back, "any": bool(restart or back)}
 
 

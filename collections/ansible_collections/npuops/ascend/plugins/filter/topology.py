@@ -420,7 +420,9 @@ def plan_gateway(groups, hostvars, instances):
             "mode": str(hostvar(hostvars, first, "npuops_gateway_mode", "active_standby")),
             "endpoint": "http://%s:%d" % (vip, port), "instances": list(instances), "backends": backends,
             # the model each instance serves: in tenant mode each backend's health check asks for its own
-            "models": dict((name, inst.get("served_model_name")) for name, inst in instances.items())}
+            "models": dict((name, inst.get("served_model_name")) for name, inst in instances.items()),
+            # what the gateway's liveness check asks (an engine's /health, or a PD proxy's health path)
+            "health_path": next(iter(instances.values())).get("health_path") or "/health"}
 
 
 def instance_model(inst):

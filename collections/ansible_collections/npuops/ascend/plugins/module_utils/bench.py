@@ -290,4 +290,3 @@ def follow_up_hit_rate(before, after, result):
     if queries <= 0:
         return None
     return round(min(1.0, (after["hits"] - before["hits"]) / queries), 4)
-

@@ -186,7 +186,7 @@ def sized_prompt(client, model, target, seed=0, attempts=4):
     target = int(target)
     words = max(1, target // 2)
     text, count = filler_words(words, seed), None
-    for _ in range(attempts):
+    for _attempt in range(attempts):
         try:
             resp, _s = client.post("/tokenize", {"model": model, "prompt": text})
         except ApiError as e:

@@ -16,7 +16,10 @@ __metaclass__ = type
 import time
 
 from ansible_collections.npuops.ascend.plugins.module_utils import workers
-from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import ApiError, Client
+from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import ApiError, Client, metric_totals
+
+# seconds between the two readings of an instance's counters (at most the token probe's timeout)
+PROGRESS_WINDOW = 5.0
 
 
 def one_token(url, model, api_key=None, timeout=10.0):
@@ -46,6 +49,43 @@ def health(url, path, timeout=3.0):
     return {"ok": status == 200, "status": status, "seconds": round(took, 2), "detail": detail}
 
 
+# what says an engine makes progress: requests in flight, generated tokens, engine steps (vLLM's
+# vllm:iteration_tokens_total histogram counts one per step; a long prefill chunk moves it before a token comes)
+PROGRESS_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total",
+                    "vllm:iteration_tokens_total_count")
+
+
+def _metrics(urls, timeout):
+    totals = dict((m, 0.0) for m in PROGRESS_METRICS)
+    for url in urls:
+        status, text, _s = Client(url, timeout=timeout).get("/metrics")
+        if status != 200:
+            return None
+        for name, value in metric_totals(text, PROGRESS_METRICS).items():
+            totals[name] += value
+    return totals
+
+
+def progress(urls, window, timeout=3.0):
+    """Two readings of the serving engines' /metrics `window` seconds apart (the API server answers them without
+    queueing behind the load): -> {ok, in_flight, waiting, generated, steps, progressing, detail}; ok False when an
+    engine has no metrics."""
+    first = _metrics(urls, timeout)
+    if first is None or not urls:
+        return {"ok": False, "progressing": False, "detail": "no metrics"}
+    time.sleep(window)
+    second = _metrics(urls, timeout)
+    if second is None:
+        return {"ok": False, "progressing": False, "detail": "no metrics"}
+    generated = second["vllm:generation_tokens_total"] - first["vllm:generation_tokens_total"]
+    steps = second["vllm:iteration_tokens_total_count"] - first["vllm:iteration_tokens_total_count"]
+    running, waiting = second["vllm:num_requests_running"], second["vllm:num_requests_waiting"]
+    return {"ok": True, "in_flight": int(running + waiting), "waiting": int(waiting), "generated": int(generated),
+            "steps": int(steps), "progressing": generated > 0 or steps > 0,
+            "detail": "%d requests in flight (%d waiting), %d tokens and %d engine steps in %ds" % (
+                running + waiting, waiting, generated, steps, window)}
+
+
 def _why(error, timeout, took):
     text = str(error)
     if error.status is None and (took >= timeout - 0.5 or "timed out" in text):
@@ -54,7 +94,8 @@ def _why(error, timeout, took):
 
 
 def probe_all(instances, api_key=None, token_timeout=10.0, health_timeout=3.0, parallel=32):
-    """`instances`: [{name, url, model, health_path, engines: [url, ...]}] -> {name: {front, health, engines}}.
+    """`instances`: [{name, url, model, health_path, engines: [url, ...], metrics: [url, ...]}] -> {name: {front,
+    front_health, engines, progress}}.
 
     Every probe runs at once (up to `parallel` threads), each bounded by its own timeout."""
     jobs = []
@@ -65,8 +106,13 @@ def probe_all(instances, api_key=None, token_timeout=10.0, health_timeout=3.0, p
                      lambda i=inst: health(i["url"], i.get("health_path") or "/health", health_timeout)))
         for url in inst.get("engines") or []:
             jobs.append((inst["name"], "engine", url, lambda u=url: health(u, "/health", health_timeout)))
+        if inst.get("metrics"):
+            # beside the token probe: a busy engine's token waits in its queue, its counters still move
+            jobs.append((inst["name"], "progress", inst["url"],
+                         lambda i=inst: progress(i["metrics"], min(PROGRESS_WINDOW, token_timeout), health_timeout)))
     results = workers.for_each(jobs, lambda job: job[3](), parallel)
-    out = dict((inst["name"], {"front": None, "front_health": None, "engines": {}}) for inst in instances)
+    out = dict((inst["name"], {"front": None, "front_health": None, "engines": {}, "progress": None})
+               for inst in instances)
     for (name, kind, url, _fn), res in zip(jobs, results):
         if kind == "engine":
             out[name]["engines"][url] = res

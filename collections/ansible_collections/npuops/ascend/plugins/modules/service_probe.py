@@ -22,8 +22,10 @@ author:
   - npuops maintainers (@npuops)
 options:
   instances:
-    description: The instances, each C({name, url, model, health_path, engines}) (C(engines) the serving engines'
-      base URLs).
+    description:
+      - The instances, each C({name, url, model, health_path, engines, metrics}) (C(engines) the serving engines' base
+        URLs whose /health is asked; C(metrics) the engines whose /metrics are read twice, beside the token probe, to
+        tell a busy instance - requests in flight, engine steps - from one that makes no progress).
     type: list
     elements: dict
     required: true
@@ -60,7 +62,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 probes:
-  description: Per instance, the front door's token and health, and each engine's health.
+  description: Per instance, the front door's token and health, each engine's health, and the engines' progress.
   returned: always
   type: dict
   sample:

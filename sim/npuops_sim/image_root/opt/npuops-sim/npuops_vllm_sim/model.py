@@ -85,8 +85,17 @@ def has_fault(name):
         return False
 
 
+# when this engine started: a wedge set before it (the fault's "at") does not hold it (a restart cures a hung collective)
+STARTED = time.time()
+
+
 def wedged():
-    return has_fault("engine_wedge")
+    try:
+        with open(PROFILE) as f:
+            faults = json.load(f).get("faults", [])
+    except (OSError, ValueError):
+        return False
+    return any(x.get("fault") == "engine_wedge" and (x.get("at") is None or x["at"] >= STARTED) for x in faults)
 
 
 def garbled():
@@ -643,6 +652,13 @@ class Engine(object):
                 for pos in range(k):
                     lines.append('vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="%s",model_name="%s",'
                                  'position="%d"} %d' % (engine, name, pos, per_pos[pos]))
+        # one observation per engine step, of the tokens it scheduled (vllm/v1/metrics/loggers.py); the stand-in's DP
+        # ranks share one scheduler, reported on engine 0
+        lines += ["# TYPE vllm:iteration_tokens_total histogram",
+                  'vllm:iteration_tokens_total_bucket{engine="0",le="+Inf",model_name="%s"} %d' % (
+                      name, self.scheduler.steps),
+                  'vllm:iteration_tokens_total_count{engine="0",model_name="%s"} %d' % (name, self.scheduler.steps),
+                  'vllm:iteration_tokens_total_sum{engine="0",model_name="%s"} %d' % (name, self.scheduler.step_tokens)]
         lines.append("# TYPE vllm:request_success_total counter")
         for engine, s in series:
             for reason in FINISH_REASONS:

@@ -133,6 +133,9 @@ class Scheduler(object):
         self.cond = threading.Condition()
         self.prefix_queries = self.prefix_hits = 0
         self.preemptions = 0
+        # tokens of every engine step (vLLM's vllm:iteration_tokens_total histogram)
+        self.steps = 0
+        self.step_tokens = 0
         threading.Thread(target=self._loop, daemon=True).start()
 
     # --------------------------------------------------------------------------------------- requests
@@ -319,3 +322,6 @@ class Scheduler(object):
             time.sleep(seconds)
             with self.cond:
                 self._advance(plan)
+                if plan:
+                    self.steps += 1
+                    self.step_tokens += sum(n for _seq, n in plan)

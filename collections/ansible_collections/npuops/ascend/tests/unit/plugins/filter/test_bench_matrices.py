@@ -31,6 +31,8 @@ def test_the_reference_matrix_has_the_published_points():
     assert [p["concurrency"] for p in by_series["agentic-200k"]] == [1, 2, 4]
     assert all(p["turns"] == 13 and p["output_len"] == 220 for p in by_series["agentic-200k"])
     assert len(set(p["name"] for p in points)) == len(points) == 11
+    assert [p["num_prompts"] for p in random] == [4, 32, 128, 256]
+    assert [p["sessions"] for p in by_series["agentic-80k"]] == [2, 4, 6, 8]
     # the field report's request counts: 420 random, 260 at 80K, 156 at 200K
     requests = dict((s, sum(p["num_prompts"] if p["kind"] == "random" else p["sessions"] * p["turns"] for p in ps))
                     for s, ps in by_series.items())
@@ -90,3 +92,10 @@ def test_the_run_metadata_names_flags_graph_mode_prefix_caching_draft_and_the_pl
     assert run["graph_mode"] == "the image's default" and run["flags"].startswith("vllm serve ")
     assert meta["planned_concurrency"]["agentic-200k"].startswith("at most 2 sessions of 203120 tokens")
     assert meta["planned_concurrency"]["agentic-80k"].startswith("at most 5 sessions of 83120 tokens")
+
+
+def test_a_count_per_point_must_have_one_value_per_concurrency():
+    series = {"series": "x", "kind": "multi_turn", "turns": 2, "output_len": 4, "context_tokens": 100,
+              "sessions": [2, 4], "concurrency": [1, 2, 4]}
+    with pytest.raises(AnsibleFilterError, match="sessions has 2 values for 3 concurrencies"):
+        bench.bench_points([series])

@@ -72,30 +72,43 @@ def test_canary_needs_a_weight_per_instance_and_tenant_keys_are_never_named(pres
 
 def test_active_standby_config_sends_to_a_and_keeps_b_as_backup():
     cfg = gw.haproxy_config(plan_of(*with_gateway())["gateway"], "kimi-k3")
-    assert "    server a-1 10.0.0.11:8000 check\n    server b-1 10.0.0.15:8000 check backup\n" in cfg
+    assert ("    server a-1 10.0.0.11:8000 check agent-check agent-port 18710\n"
+            "    server b-1 10.0.0.15:8000 check agent-check agent-port 18711 backup\n") in cfg
     assert "    option allbackups\n" in cfg
-    # the health check is a one-token completion, bounded: a wedged engine fails it
-    assert ("    http-check send meth POST uri /v1/completions ver HTTP/1.1 hdr Host npuops-gateway "
-            "hdr Content-Type application/json body '{\"model\":\"kimi-k3\",\"prompt\":\"1\",\"max_tokens\":1}'\n") in cfg
+    # liveness: GET /health, which the engine answers without queueing behind the load (a busy engine stays in);
+    # progress: the gateway agent's word, asked on the gateway host itself
+    assert "    http-check send meth GET uri /health ver HTTP/1.1 hdr Host npuops-gateway\n" in cfg
+    assert "/v1/completions" not in cfg
     assert "    timeout check 1500ms\n" in cfg
-    assert "    default-server inter 1s fastinter 300ms downinter 1s fall 3 rise 2 on-marked-down shutdown-sessions\n" \
-        in cfg
+    assert ("    default-server inter 1s fastinter 300ms downinter 1s fall 3 rise 2 agent-inter 1s agent-addr 127.0.0.1 "
+            "on-marked-down shutdown-sessions\n") in cfg
     assert "    bind 127.0.0.1:8404\n" in cfg
     assert "    stats socket /run/haproxy/admin.sock mode 600 level admin expose-fd listeners\n" in cfg
     assert "\n    log " not in cfg
 
 
-def test_failover_bound_of_the_health_check_is_within_10s():
-    # first failed check after at most `inter`, then fall-1 more at `fastinter`, each up to the check timeout
-    worst = 1.0 + gw.CHECK["fall"] * 1.5 + (gw.CHECK["fall"] - 1) * 0.3
-    assert worst == pytest.approx(6.1)
+def test_the_agent_is_configured_for_every_server_with_its_own_port_and_model():
+    plan, _specs, _hv = on_other_weights("active_active")
+    config = gw.agent_config(plan["gateway"], plan["served_model_name"], "sk-engines")
+    assert config["servers"] == [
+        {"name": "a-1", "agent_port": 18710, "url": "http://10.0.0.11:8000", "model": "kimi-k3"},
+        {"name": "b-1", "agent_port": 18711, "url": "http://10.0.0.15:8000", "model": "k3-v2"}]
+    assert config["api_key"] == "sk-engines" and config["stall_seconds"] == 6 and config["bind"] == "127.0.0.1"
+
+
+def test_a_wedged_engine_is_out_within_10s():
+    """The agent says down once nothing stepped for stall_seconds while requests were in flight; it reads the
+    metrics every `interval` and HAProxy asks it every agent-inter, taking one "down" as down."""
+    worst = gw.AGENT["stall_seconds"] + gw.AGENT["interval"] + float(gw.AGENT["inter"].rstrip("s"))
+    assert worst == 8 and worst <= 10
 
 
 def test_canary_and_active_active_configs():
     groups, hv = with_gateway(mode="canary")
     cfg = gw.haproxy_config(plan_of(groups, hv)["gateway"], "m", {"weights": {"a": 90, "b": 10}})
     assert "    balance roundrobin\n" in cfg
-    assert "    server a-1 10.0.0.11:8000 check weight 90\n    server b-1 10.0.0.15:8000 check weight 10\n" in cfg
+    assert ("    server a-1 10.0.0.11:8000 check agent-check agent-port 18710 weight 90\n"
+            "    server b-1 10.0.0.15:8000 check agent-check agent-port 18711 weight 10\n") in cfg
     with pytest.raises(AnsibleFilterError, match="canary mode needs npuops_gateway_weights for b"):
         gw.haproxy_config(plan_of(groups, hv)["gateway"], "m", {"weights": {"a": 90}})
     groups, hv = with_gateway(mode="active_active")
@@ -159,18 +172,16 @@ def on_other_weights(mode, **extra):
     return topology.plan(groups, hv, tier_spec("4node_dp"), specs), specs, hv
 
 
-def test_tenant_backends_check_their_own_model_and_the_mixing_modes_the_services():
+def test_tenant_backends_probe_their_own_model_and_the_mixing_modes_the_services():
+    """The agent's idle probe asks each instance for its own model in tenant mode; behind a mixing gateway for the
+    service's name, which every instance accepts."""
     tenants = {"key-of-tenant-a": "a", "key-of-tenant-b": "b"}
     plan, _specs, _hv = on_other_weights("tenant", npuops_gateway_tenants=tenants)
     assert plan["served_model_name"] == "kimi-k3" and plan["gateway"]["models"] == {"a": "kimi-k3", "b": "k3-v2"}
+    config = gw.agent_config(plan["gateway"], plan["served_model_name"])
+    assert [s["model"] for s in config["servers"]] == ["kimi-k3", "k3-v2"]
     cfg = gw.haproxy_config(plan["gateway"], plan["served_model_name"])
-    be_a, be_b = cfg.split("backend be_a\n")[1].split("backend be_b\n")
-    assert '"model":"kimi-k3"' in be_a and '"model":"k3-v2"' not in be_a
-    assert '"model":"k3-v2"' in be_b and '"model":"kimi-k3"' not in be_b
-    plan, _specs, _hv = on_other_weights("canary", npuops_gateway_weights={"a": 90, "b": 10})
-    cfg = gw.haproxy_config(plan["gateway"], plan["served_model_name"], {"weights": {"a": 90, "b": 10}})
-    # one backend for both: its check asks for the name both accept (b serves it as its second name)
-    assert cfg.count('"model":"kimi-k3"') == 1 and "k3-v2" not in cfg
+    assert cfg.count("http-check send meth GET uri /health") == 2  # one per tenant backend
 
 
 def test_an_instance_on_other_weights_answers_with_its_name_and_accepts_the_services_only_behind_a_mixing_gateway():

@@ -119,3 +119,40 @@ def test_status_names_the_model_each_instance_serves_and_asks_each_for_its_own()
     assert got["summary"][1].endswith("; serves k3-v2 from /data/models/k3-v2"), got["summary"]
     assert got["summary"][0].endswith("; serves kimi-k3 from /data/models/k3"), got["summary"]
     assert [t["model"] for t in status.status_probe_targets(plan, "fallback")] == ["kimi-k3", "k3-v2"]
+
+
+def progress(in_flight, generated, steps, waiting=None):
+    waiting = in_flight if waiting is None else waiting
+    return {"ok": True, "in_flight": in_flight, "waiting": waiting, "generated": generated, "steps": steps,
+            "progressing": generated > 0 or steps > 0,
+            "detail": "%d requests in flight (%d waiting), %d tokens and %d engine steps in 5s" % (
+                in_flight, waiting, generated, steps)}
+
+
+def test_a_busy_instance_is_healthy_for_the_exit_code_and_never_restarted():
+    """The probe's token waited in the queue past its timeout while the engines stepped: busy, not down. Only an
+    instance with requests in flight and nothing moving is down (a wedged engine), and only that one is restarted."""
+    plan, hv, containers = setup(instances=2)
+    busy = dict(probe(ok=False), progress=progress(48, 1800, 40))
+    wedged = dict(probe(ok=False), progress=progress(48, 0, 0))
+    got = status.service_status(plan, hv, containers, "c", {"a": busy, "b": probe()})
+    assert got["healthy"] and got["state"] == "busy"
+    assert got["instances"]["a"]["state"] == "busy"
+    assert got["instances"]["a"]["reason"].startswith("busy: 48 requests in flight (48 waiting), 1800 tokens and 40 "
+                                                      "engine steps in 5s; no token for the probe within its timeout")
+    assert status.unhealthy_groups(plan, got) == []
+    got = status.service_status(plan, hv, containers, "c", {"a": busy, "b": wedged})
+    assert not got["healthy"] and got["state"] == "degraded"
+    assert got["instances"]["b"]["state"] == "down" and "48 requests in flight (48 waiting), 0 tokens and 0 engine " \
+        "steps in 5s: no progress" in got["instances"]["b"]["reason"]
+    assert status.unhealthy_groups(plan, got) == ["b/main"]
+    # an idle engine that gives no token is down whatever its counters say
+    idle = dict(probe(ok=False), progress=progress(0, 0, 0))
+    assert status.service_status(plan, hv, containers, "c", {"a": idle, "b": probe()})["instances"]["a"]["state"] == \
+        "down"
+
+
+def test_status_reads_every_serving_engines_metrics_beside_the_token_probe():
+    plan, _hv, _containers = setup(instances=2)
+    targets = status.status_probe_targets(plan, "kimi-k3")
+    assert [t["metrics"] for t in targets] == [["http://10.0.0.11:8000"], ["http://10.0.0.15:8000"]]
