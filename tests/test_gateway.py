@@ -302,7 +302,8 @@ def admin_rows(c, gw):
     stat = c.api.nsenter(gw, ["python3", "-c", "import socket;s=socket.socket(socket.AF_UNIX);"
                                                "s.connect('/run/haproxy/admin.sock');s.sendall(b'show stat\\n');"
                                                "import sys;sys.stdout.write(s.makefile().read())"]).stdout
-    return dict((r.split(",")[1], r.split(",")[17]) for r in stat.splitlines()
+    # HAProxy shows a drained server as "DRAIN (agent)" whenever it has an agent check: the admin state is the word
+    return dict((r.split(",")[1], r.split(",")[17].split(" ")[0]) for r in stat.splitlines()
                 if r.startswith("be_service,") and not r.startswith("be_service,BACKEND"))
 
 

@@ -57,6 +57,64 @@ def test_garbage_from_a_2node_service_fails_the_chat_check(cluster):
     assert_validate_catches_missing_hccn_conf(cluster, "node02")
 
 
+DRAFT_DIR = "/srv/models/kimi-k3-dspark"
+DRAFT = {"npuops_draft": "inferact_kimi_k3_dspark", "npuops_draft_dir": DRAFT_DIR}
+# a decode-bound point at two concurrencies: what a draft changes (the tutorial's section 9.2 compares a baseline and
+# a matching DSpark draft on the same workload)
+SPEC_MATRIX = {"npuops_bench_matrix": "spec", "npuops_bench_matrices": {"spec": [
+    {"series": "random-128x96", "kind": "random", "input_len": 128, "output_len": 96, "ignore_eos": True,
+     "prompts_per_concurrency": 4, "min_prompts": 4, "concurrency": [1, 4]}]}}
+
+
+def draft_digests(c, node):
+    root = c.api.root_of(node) + DRAFT_DIR
+    return dict((name, hashlib.sha256(open(os.path.join(root, name), "rb").read()).hexdigest())
+                for name in sorted(os.listdir(root)) if name.endswith((".safetensors", ".json")))
+
+
+def test_a_dspark_draft_is_copied_served_measured_and_compared_with_the_run_without_it(cluster, tmp_path):
+    """The draft only on node01: weights.yml copies and verifies it to node02 like the model; deploy.yml restarts both
+    engines with the tutorial's --speculative-config (node 0 and the worker); the bench report shows the draft's
+    acceptance from vLLM's spec_decode metrics and compares each point with the same matrix run without the draft.
+    The secret test after it deploys again without the draft."""
+    base_dir, draft_dir = tmp_path / "base", tmp_path / "draft"
+    playbook(cluster, "bench", "-e", json.dumps(dict(SPEC_MATRIX, npuops_reports_dir=str(base_dir))))
+    [baseline] = glob.glob(str(base_dir / "bench-*"))
+
+    sim("weights", "--node", "1", "--size", "4M", "--files", "1", "--dir", DRAFT_DIR)
+    out = playbook(cluster, "weights", "-e", json.dumps(DRAFT)).stdout
+    assert "%s -> node01, node02" % DRAFT_DIR in out, out[-3000:]
+    assert draft_digests(cluster, "node02") == draft_digests(cluster, "node01") != {}
+
+    playbook(cluster, "deploy", "-e", json.dumps(DRAFT), "-e", '{"npuops_rollout_allow_downtime": true}')
+    for node in ("node01", "node02"):
+        argv = json.loads(cluster.ssh(node, "podman inspect --format '{{json .Config.Cmd}}' vllm").stdout)
+        config = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert config == {"method": "dspark", "model": DRAFT_DIR, "num_speculative_tokens": 7,
+                          "draft_tensor_parallel_size": 16, "max_model_len": 4096, "draft_sample_method": "greedy",
+                          "enforce_eager": True}, node
+
+    playbook(cluster, "bench", "-e", json.dumps(dict(SPEC_MATRIX, **DRAFT, npuops_reports_dir=str(draft_dir),
+                                                     npuops_bench_compare_with=baseline)))
+    [report_dir] = glob.glob(str(draft_dir / "bench-*"))
+    summary = json.load(open(os.path.join(report_dir, "summary.json")))
+    for row in summary["table"]:
+        assert 0 < row["draft_acceptance_rate"] <= 1 and 1 < row["mean_acceptance_length"] <= 8, row
+    report = open(os.path.join(report_dir, "report.md")).read()
+    assert "instance main drafts with `inferact_kimi_k3_dspark`, 7 speculative tokens" in report
+    assert "| draft acceptance | mean acceptance length |" in report
+    comparison = open(os.path.join(report_dir, "comparison.md")).read()
+    assert "this run: draft inferact_kimi_k3_dspark (k=7)" in comparison and "baseline: draft none" in comparison
+    rows = [line for line in comparison.splitlines() if line.startswith("| random-128x96")]
+    assert len(rows) == 2, comparison
+    # each verify step yields several tokens: the time per output token drops against the same point without it
+    raw = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(report_dir, "raw", "*.json")))]
+    base = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(baseline, "raw", "*.json")))]
+    for with_draft, without in zip(raw, base):
+        assert with_draft["median_tpot_ms"] < 0.9 * without["median_tpot_ms"], (with_draft["median_tpot_ms"],
+                                                                                without["median_tpot_ms"])
+
+
 class PsSampler(threading.Thread):
     """`ps -eo args` on every node, every half second while a playbook runs (what any user of a node can see)."""
 
@@ -112,60 +170,3 @@ def test_no_secret_reaches_any_output_argv_label_report_or_file(cluster, tmp_pat
     leaks = [(name, where) for name, value in secrets.items() for where, text in places.items() if value in text]
     assert leaks == []
 
-
-DRAFT_DIR = "/srv/models/kimi-k3-dspark"
-DRAFT = {"npuops_draft": "inferact_kimi_k3_dspark", "npuops_draft_dir": DRAFT_DIR}
-# a decode-bound point at two concurrencies: what a draft changes (the tutorial's section 9.2 compares a baseline and
-# a matching DSpark draft on the same workload)
-SPEC_MATRIX = {"npuops_bench_matrix": "spec", "npuops_bench_matrices": {"spec": [
-    {"series": "random-128x96", "kind": "random", "input_len": 128, "output_len": 96, "ignore_eos": True,
-     "prompts_per_concurrency": 4, "min_prompts": 4, "concurrency": [1, 4]}]}}
-
-
-def draft_digests(c, node):
-    root = c.api.root_of(node) + DRAFT_DIR
-    return dict((name, hashlib.sha256(open(os.path.join(root, name), "rb").read()).hexdigest())
-                for name in sorted(os.listdir(root)) if name.endswith((".safetensors", ".json")))
-
-
-def test_a_dspark_draft_is_copied_served_measured_and_compared_with_the_run_without_it(cluster, tmp_path):
-    """The draft only on node01: weights.yml copies and verifies it to node02 like the model; deploy.yml restarts both
-    engines with the tutorial's --speculative-config (node 0 and the worker); the bench report shows the draft's
-    acceptance from vLLM's spec_decode metrics and compares each point with the same matrix run without the draft.
-    Last in this file: the cluster keeps the draft afterwards."""
-    base_dir, draft_dir = tmp_path / "base", tmp_path / "draft"
-    playbook(cluster, "bench", "-e", json.dumps(dict(SPEC_MATRIX, npuops_reports_dir=str(base_dir))))
-    [baseline] = glob.glob(str(base_dir / "bench-*"))
-
-    sim("weights", "--node", "1", "--size", "4M", "--files", "1", "--dir", DRAFT_DIR)
-    out = playbook(cluster, "weights", "-e", json.dumps(DRAFT)).stdout
-    assert "%s -> node01, node02" % DRAFT_DIR in out, out[-3000:]
-    assert draft_digests(cluster, "node02") == draft_digests(cluster, "node01") != {}
-
-    playbook(cluster, "deploy", "-e", json.dumps(DRAFT), "-e", '{"npuops_rollout_allow_downtime": true}')
-    for node in ("node01", "node02"):
-        argv = json.loads(cluster.ssh(node, "podman inspect --format '{{json .Config.Cmd}}' vllm").stdout)
-        config = json.loads(argv[argv.index("--speculative-config") + 1])
-        assert config == {"method": "dspark", "model": DRAFT_DIR, "num_speculative_tokens": 7,
-                          "draft_tensor_parallel_size": 16, "max_model_len": 4096, "draft_sample_method": "greedy",
-                          "enforce_eager": True}, node
-
-    playbook(cluster, "bench", "-e", json.dumps(dict(SPEC_MATRIX, **DRAFT, npuops_reports_dir=str(draft_dir),
-                                                     npuops_bench_compare_with=baseline)))
-    [report_dir] = glob.glob(str(draft_dir / "bench-*"))
-    summary = json.load(open(os.path.join(report_dir, "summary.json")))
-    for row in summary["table"]:
-        assert 0 < row["draft_acceptance_rate"] <= 1 and 1 < row["mean_acceptance_length"] <= 8, row
-    report = open(os.path.join(report_dir, "report.md")).read()
-    assert "instance main drafts with `inferact_kimi_k3_dspark`, 7 speculative tokens" in report
-    assert "| draft acceptance | mean acceptance length |" in report
-    comparison = open(os.path.join(report_dir, "comparison.md")).read()
-    assert "this run: draft inferact_kimi_k3_dspark (k=7)" in comparison and "baseline: draft none" in comparison
-    rows = [line for line in comparison.splitlines() if line.startswith("| random-128x96")]
-    assert len(rows) == 2, comparison
-    # each verify step yields several tokens: the time per output token drops against the same point without it
-    raw = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(report_dir, "raw", "*.json")))]
-    base = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(baseline, "raw", "*.json")))]
-    for with_draft, without in zip(raw, base):
-        assert with_draft["median_tpot_ms"] < 0.9 * without["median_tpot_ms"], (with_draft["median_tpot_ms"],
-                                                                                without["median_tpot_ms"])
