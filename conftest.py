@@ -7,22 +7,22 @@ together instead of one lane starting a long file last."""
 # per file; approximate, ordering only). Files not listed keep their place after these. pytest-xdist would reorder
 # the files by their number of tests: tools/test.sh passes --no-loadscope-reorder so that this order holds.
 FILE_SECONDS = {
-    "test_gateway.py": 1168,
-    "test_weights_playbook.py": 1132,
-    "test_site_playbook.py": 617,
-    "test_molecule_scenarios.py": 542,
-    "test_deploy_playbook.py": 416,
-    "test_status_recover.py": 332,
-    "test_diagnose_playbook.py": 265,
-    "test_validate_playbook.py": 193,
-    "test_xpyd.py": 162,
-    "test_monitor_playbook.py": 156,
-    "test_container_engines.py": 148,
-    "test_diagnose_16.py": 113,
-    "test_preflight_playbook.py": 81,
-    "test_a2_tier.py": 75,
-    "test_cluster.py": 71,
-    "test_lifecycle.py": 34,
+    "test_gateway.py": 1480,
+    "test_weights_playbook.py": 1216,
+    "test_site_playbook.py": 643,
+    "test_molecule_scenarios.py": 512,
+    "test_deploy_playbook.py": 344,
+    "test_validate_playbook.py": 312,
+    "test_status_recover.py": 281,
+    "test_diagnose_playbook.py": 258,
+    "test_xpyd.py": 206,
+    "test_container_engines.py": 177,
+    "test_monitor_playbook.py": 170,
+    "test_diagnose_16.py": 116,
+    "test_preflight_playbook.py": 97,
+    "test_a2_tier.py": 84,
+    "test_cluster.py": 53,
+    "test_lifecycle.py": 26,
 }
 
 
