@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from ansible_collections.npuops.ascend.plugins.module_utils import container
 from npuops_sim.testing import BIN, run
 
 
@@ -117,14 +118,7 @@ def assert_the_prefill_side_joins_the_memcache_pool(plan):
     assert meta["container"]["env"]["MMC_META_CONFIG_PATH"] == "/etc/npuops/mmc-meta.conf"
 
 
-def argv_value(argv, flag):
-    """The words after `flag` up to the next flag."""
-    i = argv.index(flag) + 1
-    out = []
-    while i < len(argv) and not argv[i].startswith("--"):
-        out.append(argv[i])
-        i += 1
-    return out
+argv_value = container.flag_words  # the words after a flag up to the next flag
 
 
 def assert_the_canary_serves_two_weight_sets(plan):

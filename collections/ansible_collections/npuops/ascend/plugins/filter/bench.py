@@ -15,6 +15,8 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.npuops.ascend.plugins.module_utils import container
+
 SERIES_KEYS = {"random": ("input_len", "output_len"), "multi_turn": ("turns", "output_len", "context_tokens")}
 
 
@@ -98,10 +100,6 @@ def bench_points(matrix, name="matrix", max_model_len=None):
     return points
 
 
-def _argv_value(argv, flag):
-    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
-
-
 def bench_run_metadata(plan, containers, model_spec, tier, matrix=None, revision=""):
     """What a benchmark ran on, as the Kimi-K3 tutorial's section 6 asks to record it, read from what the plan
     renders: per instance its engine flags (the first engine's argv), graph mode, prefix caching and draft; the
@@ -113,8 +111,8 @@ def bench_run_metadata(plan, containers, model_spec, tier, matrix=None, revision
         host = inst["hosts"][0]
         argv = ((containers.get(host) or {}).get("engine") or {}).get("command") or []
         prefix = "" if len(plan["instances"]) == 1 else "instance %s " % name
-        compilation = json.loads(_argv_value(argv, "--compilation-config") or "{}")
-        speculative = json.loads(_argv_value(argv, "--speculative-config") or "null")
+        compilation = json.loads((container.flag_words(argv, "--compilation-config") or ["{}"])[0])
+        speculative = json.loads((container.flag_words(argv, "--speculative-config") or ["null"])[0])
         run[prefix + "flags"] = " ".join(str(a) for a in argv)
         default_mode = "eager" if "--enforce-eager" in argv else "the image's default"
         run[prefix + "graph_mode"] = compilation.get("cudagraph_mode") or default_mode

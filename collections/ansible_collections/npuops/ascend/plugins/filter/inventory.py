@@ -61,23 +61,10 @@ def override_problems(preset, overrides):
                             % (key, ", ".join(sorted(preset))))
             continue
         try:
-            convert_override(preset[key], value)
+            values.convert_like(preset[key], value)
         except ValueError as e:
             problems.append("npuops_model_overrides: %s = %r: %s (the preset has %r)" % (key, value, e, preset[key]))
     return problems
-
-
-def convert_override(current, value):
-    """`value` in the type of the preset's `current` value (the string "8" for an int field is 8)."""
-    if value is None or current is None or isinstance(current, (dict, list)):
-        return value
-    if isinstance(current, bool):
-        return values.to_bool(value)
-    if isinstance(current, int):
-        return values.to_number(value, int)
-    if isinstance(current, float):
-        return values.to_number(value, float)
-    return str(value)
 
 
 def model_spec(presets, model, overrides=None, recipe=None):
@@ -89,7 +76,7 @@ def model_spec(presets, model, overrides=None, recipe=None):
     for key, value in (overrides or {}).items():
         if key not in preset:
             raise AnsibleFilterError("model_spec: %s" % override_problems(preset, {key: value})[0])
-        preset[key] = convert_override(preset[key], value)
+        preset[key] = values.convert_like(preset[key], value)
     return preset
 
 

@@ -19,7 +19,7 @@ import hashlib
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter.topology import DEFAULT_INSTANCE, instance_model
-from ansible_collections.npuops.ascend.plugins.module_utils import manifest, vllm_cli
+from ansible_collections.npuops.ascend.plugins.module_utils import container, manifest, vllm_cli
 from ansible_collections.npuops.ascend.plugins.plugin_utils import board, recipes, speculative, values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
@@ -448,13 +448,13 @@ def serve_previous(engine, host, info):
                                  "previous configuration cannot be restored; it stays out of rotation: deploy the "
                                  "configuration it should run" % (host, engine.get("name"), "not found" if not
                                                                   (info or {}).get("exists") else "not npuops'"))
-    moved = [flag for flag in RESTORE_SAME if _flag_words(spec["command"], flag) != _flag_words(engine["command"], flag)]
+    moved = [flag for flag in RESTORE_SAME if container.flag_words(spec["command"], flag) != container.flag_words(engine["command"], flag)]
     if moved:
         raise AnsibleFilterError("serve_previous: %s: the change also moves %s (%s -> %s), which the plan's waits, checks "
                                  "and gateway follow, so the previous configuration cannot come back by itself; the "
                                  "instance stays out of rotation on the new one: deploy the configuration it should "
-                                 "run" % (host, ", ".join(moved), " ".join(_flag_words(spec["command"], moved[0])),
-                                          " ".join(_flag_words(engine["command"], moved[0]))))
+                                 "run" % (host, ", ".join(moved), " ".join(container.flag_words(spec["command"], moved[0])),
+                                          " ".join(container.flag_words(engine["command"], moved[0]))))
     out = dict(engine)
     out.update((k, spec[k]) for k in ("image", "command", "env", "devices", "mounts", "shm_size", "privileged",
                                       "labels") if k in spec)
@@ -464,18 +464,6 @@ def serve_previous(engine, host, info):
 # what the plan's waits (ready URL, rendezvous peers), the accuracy gate and the gateway address: a restore keeps them
 RESTORE_SAME = ("--host", "--port", "--served-model-name", "--master-addr", "--master-port", "--data-parallel-address",
                 "--data-parallel-rpc-port")
-
-
-def _flag_words(argv, flag):
-    """The words after `flag` in an argv, up to the next flag ([] when it is absent)."""
-    argv = list(argv or [])
-    if flag not in argv:
-        return []
-    i, out = argv.index(flag) + 1, []
-    while i < len(argv) and not str(argv[i]).startswith("--"):
-        out.append(str(argv[i]))
-        i += 1
-    return out
 
 
 class FilterModule(object):

@@ -87,6 +87,18 @@ def config_hash(spec, key=None):
     return hashlib.sha256(json.dumps(public_spec(spec, key), sort_keys=True).encode()).hexdigest()
 
 
+def flag_words(argv, flag):
+    """The words after `flag` in an argv, up to the next flag ([] when it is absent)."""
+    argv = list(argv or [])
+    if flag not in argv:
+        return []
+    i, out = argv.index(flag) + 1, []
+    while i < len(argv) and not str(argv[i]).startswith("--"):
+        out.append(str(argv[i]))
+        i += 1
+    return out
+
+
 def argv_flags(argv):
     """["vllm", "serve", "/m", "--tp", "16", "--headless"] -> ("vllm serve /m", {"--tp": "16", "--headless": True}).
 

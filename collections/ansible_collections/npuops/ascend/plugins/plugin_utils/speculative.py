@@ -50,15 +50,12 @@ def draft_spec(presets, name, overrides=None, draft_dir=None):
         if key not in spec:
             raise DraftError("npuops_draft_overrides: %r is not a field of draft preset %s; the fields are %s"
                              % (key, name, ", ".join(sorted(spec))))
-        current = spec[key]
+        # the draft's TP is a number or "target" (the preset's)
+        like = 0 if key == "draft_tensor_parallel_size" and value != "target" else spec[key]
         try:
-            if isinstance(current, bool):
-                value = values.to_bool(value)
-            elif isinstance(current, int) and not (key == "draft_tensor_parallel_size" and value == "target"):
-                value = values.to_number(value, int)
+            spec[key] = values.convert_like(like, value)
         except ValueError as e:
-            raise DraftError("npuops_draft_overrides: %s = %r: %s (the preset has %r)" % (key, value, e, current))
-        spec[key] = value
+            raise DraftError("npuops_draft_overrides: %s = %r: %s (the preset has %r)" % (key, value, e, spec[key]))
     spec["name"] = name
     spec["dir"] = draft_dir
     return spec

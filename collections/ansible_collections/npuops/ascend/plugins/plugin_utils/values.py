@@ -37,6 +37,20 @@ def to_number(value, kind=int):
     raise ValueError("%r is not %s" % (value, "an integer" if kind is int else "a number"))
 
 
+def convert_like(current, value):
+    """`value` in the type of a preset's `current` value (the string "8" for an int field is 8; a mapping, a list or a
+    field without a value takes it as it is); ValueError when it cannot be."""
+    if value is None or current is None or isinstance(current, (dict, list)):
+        return value
+    if isinstance(current, bool):
+        return to_bool(value)
+    if isinstance(current, int):
+        return to_number(value, int)
+    if isinstance(current, float):
+        return to_number(value, float)
+    return str(value)
+
+
 def number_problem(host, name, value, minimum=None, maximum=None, kind=int):
     try:
         n = to_number(value, kind)

@@ -323,3 +323,11 @@ def test_status_reads_the_image_of_a_running_container_only(tmp_path):
     cli.containers["vllm"]["State"]["Running"] = False
     got = ct.describe_container(eng, "vllm", read_image=asked.append)
     assert "image" not in got and asked == ["sha256:9a1f"] and got["log"] == "line1\nline2"
+
+
+def test_flag_words_reads_a_flags_words_up_to_the_next_flag():
+    argv = ["vllm", "serve", "/m", "--served-model-name", "k3-v2", "kimi-k3", "--speculative-config", '{"k": 7}',
+            "--headless"]
+    assert ct.flag_words(argv, "--served-model-name") == ["k3-v2", "kimi-k3"]
+    assert ct.flag_words(argv, "--speculative-config") == ['{"k": 7}']
+    assert ct.flag_words(argv, "--headless") == [] and ct.flag_words(argv, "--port") == []
