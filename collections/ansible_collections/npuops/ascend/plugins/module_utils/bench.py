@@ -22,7 +22,7 @@ import threading
 import time
 
 from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import (
-    ApiError, metric_totals, sized_prompt)
+    ApiError, engines_totals, sized_prompt)
 
 PREFIX_METRICS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 # KV a connector loaded from another instance (the PD decode side's pulled KV): counted apart by vLLM, never as
@@ -61,15 +61,8 @@ def prefix_counters(metrics_clients):
     keys = (("queries", PREFIX_METRICS[0]), ("hits", PREFIX_METRICS[1]), ("external_queries", EXTERNAL_METRICS[0]),
             ("external_hits", EXTERNAL_METRICS[1]), ("spec_drafts", SPEC_METRICS[0]),
             ("spec_draft_tokens", SPEC_METRICS[1]), ("spec_accepted", SPEC_METRICS[2]))
-    total = dict((key, 0.0) for key, _metric in keys)
-    for client in metrics_clients:
-        status, text, _s = client.get("/metrics")
-        if status != 200:
-            return None
-        totals = metric_totals(text, PREFIX_METRICS + EXTERNAL_METRICS + SPEC_METRICS)
-        for key, metric in keys:
-            total[key] += totals[metric]
-    return total
+    totals = engines_totals(metrics_clients, PREFIX_METRICS + EXTERNAL_METRICS + SPEC_METRICS)
+    return None if totals is None else dict((key, totals[metric]) for key, metric in keys)
 
 
 def hit_rate(before, after, prefix=""):

@@ -163,6 +163,19 @@ def metric_totals(text, names):
     return totals
 
 
+def engines_totals(clients, names):
+    """metric_totals of every engine's GET /metrics summed (each DP or PD front has its own); None when one of them
+    has no metrics, so that a partial sum never passes for the whole."""
+    totals = dict((n, 0.0) for n in names)
+    for client in clients:
+        status, text, _s = client.get("/metrics")
+        if status != 200:
+            return None
+        for name, value in metric_totals(text, names).items():
+            totals[name] += value
+    return totals
+
+
 def tiny_png(width=2, height=2):
     """A valid RGB PNG of a solid colour (the image check needs neither the network nor an image library)."""
     def chunk(kind, data):

@@ -16,7 +16,7 @@ __metaclass__ = type
 import time
 
 from ansible_collections.npuops.ascend.plugins.module_utils import workers
-from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import ApiError, Client, metric_totals
+from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import ApiError, Client, engines_totals
 
 # seconds between the two readings of an instance's counters (at most the token probe's timeout)
 PROGRESS_WINDOW = 5.0
@@ -56,14 +56,7 @@ PROGRESS_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "v
 
 
 def _metrics(urls, timeout):
-    totals = dict((m, 0.0) for m in PROGRESS_METRICS)
-    for url in urls:
-        status, text, _s = Client(url, timeout=timeout).get("/metrics")
-        if status != 200:
-            return None
-        for name, value in metric_totals(text, PROGRESS_METRICS).items():
-            totals[name] += value
-    return totals
+    return engines_totals([Client(url, timeout=timeout) for url in urls], PROGRESS_METRICS)
 
 
 def progress(urls, window, timeout=3.0):

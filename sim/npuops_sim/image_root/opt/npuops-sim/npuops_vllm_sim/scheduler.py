@@ -49,6 +49,13 @@ class Seq(object):
         self.t_first = None
         self.events = queue.Queue()
         self.done = False
+        self._keys = None
+
+    def keys(self, block):
+        """The prefix-cache keys of the prompt's full blocks, hashed once (admission and every prefill chunk read them)."""
+        if self._keys is None:
+            self._keys = block_keys(self.toks, block, len(self.toks))
+        return self._keys
 
     @property
     def prefilling(self):
@@ -192,7 +199,7 @@ class Scheduler(object):
         """The prompt's full blocks become cached as the prefill completes them."""
         if not self.prefix_caching:
             return
-        keys = block_keys(seq.toks, self.block, min(seq.computed, len(seq.toks)))
+        keys = seq.keys(self.block)[:min(seq.computed, len(seq.toks)) // self.block]
         for key in keys[len(seq.hashed):]:
             if seq.plain and self.pool.insert(key):
                 seq.hashed.append(key)
@@ -203,7 +210,7 @@ class Scheduler(object):
         queries and hits; with a KV connector, what the prefill engine computed."""
         hits = 0
         if self.prefix_caching:
-            for key in block_keys(seq.toks, self.block, max(0, len(seq.toks) - 1)):
+            for key in seq.keys(self.block)[:max(0, len(seq.toks) - 1) // self.block]:
                 if not self.pool.hit(key):
                     break
                 seq.hashed.append(key)
