@@ -584,10 +584,21 @@ def test_the_seed_stage_downloads_checks_the_publisher_and_fans_out(cluster, tmp
         f.write(HUB_DOUBLE)
     os.chmod(seed + "/usr/local/bin/hf", 0o755)
     listing_pid = cluster.api.spawn("node01", ["/usr/bin/python3", "/srv/hub/listing.py"])
+    # a DSpark draft too: the seed downloads it from its own repository at npuops_draft_revision, checks it against
+    # its publisher's listing and every node gets it like the model
+    draft_hub = seed + "/srv/hub/org/k3-dspark/drev1"
+    synthetic.write_model(draft_hub, 4 << 20, files=1)
+    draft_sha = dict((n, hashlib.sha256(open(os.path.join(draft_hub, n), "rb").read()).hexdigest())
+                     for n in sorted(os.listdir(draft_hub)))
+    with open(seed + "/srv/hub/listing-dspark.json", "w") as f:
+        json.dump([{"type": "file", "path": n, "lfs": {"oid": h}} if n.endswith(".safetensors")
+                   else {"type": "file", "path": n} for n, h in draft_sha.items()], f)
     dl = "/srv/models/dl"
     settings = {"npuops_model_dir": dl, "npuops_weights_source": "huggingface", "npuops_weights_repo": "org/k3",
                 "npuops_weights_revision": "rev1", "npuops_weights_endpoint": "http://127.0.0.1:18700",
-                "npuops_weights_hub_token": hub_token}
+                "npuops_weights_hub_token": hub_token, "npuops_draft": "inferact_kimi_k3_dspark",
+                "npuops_draft_dir": "/srv/models/dl-dspark", "npuops_draft_overrides": {"repo": "org/k3-dspark"},
+                "npuops_draft_revision": "drev1"}
     extra = str(tmp_path / "hub.json")
     with open(extra, "w") as f:
         json.dump(settings, f)
@@ -600,37 +611,20 @@ def test_the_seed_stage_downloads_checks_the_publisher_and_fans_out(cluster, tmp
             got = dict((n, hashlib.sha256(open(cluster.api.root_of(node) + dl + "/" + n, "rb").read()).hexdigest())
                        for n in files)
             assert got == sha, node
+            got = dict((n, hashlib.sha256(open(cluster.api.root_of(node) + "/srv/models/dl-dspark/" + n, "rb").read())
+                        .hexdigest()) for n in draft_sha)
+            assert got == draft_sha, node
+        assert "/srv/models/dl-dspark -> node01, node02, node03, node04" in first.stdout
         log = open(seed + "/tmp/hf-double.log").read().splitlines()
-        assert log == ["download org/k3@rev1 token_sha256=%s endpoint=http://127.0.0.1:18700"
-                       % hashlib.sha256(hub_token.encode()).hexdigest()]  # the token reached the CLI, by environment
+        token_sha = hashlib.sha256(hub_token.encode()).hexdigest()
+        # the token reached the CLI, by environment; the model first, then the draft from its own repository
+        assert log == ["download org/k3@rev1 token_sha256=%s endpoint=http://127.0.0.1:18700" % token_sha,
+                       "download org/k3-dspark@drev1 token_sha256=%s endpoint=http://127.0.0.1:18700" % token_sha]
         assert hub_token not in first.stdout + first.stderr
         assert not [s for s in scan(cluster, hub_token, {}) if "/srv/hub/" not in s]
         again = playbook(cluster, "-e", "@" + extra)
         assert re.findall(r"changed=(\d+)", again.stdout) == ["0", "0", "0", "0"]
-        assert len(open(seed + "/tmp/hf-double.log").read().splitlines()) == 1  # downloaded once
-        # a DSpark draft: the seed downloads it from its own repository at npuops_draft_revision, checks it against
-        # its publisher's listing and every node gets it like the model
-        draft_hub = seed + "/srv/hub/org/k3-dspark/drev1"
-        synthetic.write_model(draft_hub, 4 << 20, files=1)
-        draft_sha = dict((n, hashlib.sha256(open(os.path.join(draft_hub, n), "rb").read()).hexdigest())
-                         for n in sorted(os.listdir(draft_hub)))
-        with open(seed + "/srv/hub/listing-dspark.json", "w") as f:
-            json.dump([{"type": "file", "path": n, "lfs": {"oid": h}} if n.endswith(".safetensors")
-                       else {"type": "file", "path": n} for n, h in draft_sha.items()], f)
-        with_draft = str(tmp_path / "draft.json")
-        with open(with_draft, "w") as f:
-            json.dump(dict(settings, npuops_draft="inferact_kimi_k3_dspark", npuops_draft_dir="/srv/models/dl-dspark",
-                           npuops_draft_overrides={"repo": "org/k3-dspark"}, npuops_draft_revision="drev1"), f)
-        drafted = playbook(cluster, "-e", "@" + with_draft)
-        assert "/srv/models/dl-dspark -> node01, node02, node03, node04" in drafted.stdout
-        for node in cluster.state["nodes"]:
-            got = dict((n, hashlib.sha256(open(cluster.api.root_of(node) + "/srv/models/dl-dspark/" + n, "rb").read())
-                        .hexdigest()) for n in draft_sha)
-            assert got == draft_sha, node
-        assert open(seed + "/tmp/hf-double.log").read().splitlines()[1:] == [
-            "download org/k3-dspark@drev1 token_sha256=%s endpoint=http://127.0.0.1:18700"
-            % hashlib.sha256(hub_token.encode()).hexdigest()]  # the model is not downloaded again
-        assert hub_token not in drafted.stdout + drafted.stderr
+        assert len(open(seed + "/tmp/hf-double.log").read().splitlines()) == 2  # each downloaded once
         # the publisher says another sha256 for one file: the seed fails, the stage fails for all, naming it
         listing[1]["lfs"]["oid"] = "0" * 64
         with open(seed + "/srv/hub/listing.json", "w") as f:
