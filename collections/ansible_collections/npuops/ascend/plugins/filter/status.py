@@ -153,7 +153,7 @@ def gateway_status(plan, hostvars, key, probes, busy=False):
         state = HEALTHY if not problems else DEGRADED
         took = front.get("seconds", 0)
         reason = "; ".join(problems) if problems else "a token in %.2fs through %s" % (took, gw["endpoint"])
-    elif busy and "no token within" in str(front.get("detail")) and not problems:
+    elif busy and front.get("timed_out") and not problems:
         # behind it the instances are busy: the token waits in their queues
         state = BUSY
         reason = "busy: %s through the floating address %s while the instances behind it are busy" % (
@@ -229,8 +229,8 @@ def service_status(plan, hostvars, containers, key, probes, gateway_key=None):
 
 def _busy(front, progress):
     """The token probe timed out while the instance's engines have requests in flight and step."""
-    return bool(progress and progress.get("ok") and progress.get("progressing") and progress.get("in_flight")
-                and "no token within" in str(front.get("detail")))
+    return bool(front.get("timed_out") and progress and progress.get("ok") and progress.get("progressing")
+                and progress.get("in_flight"))
 
 
 def status_probe_targets(plan, model):

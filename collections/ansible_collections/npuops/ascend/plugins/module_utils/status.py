@@ -23,7 +23,8 @@ PROGRESS_WINDOW = 5.0
 
 
 def one_token(url, model, api_key=None, timeout=10.0):
-    """A one-token completion: -> {ok, seconds, detail}."""
+    """A one-token completion: -> {ok, seconds, detail, timed_out} (timed_out: nothing came within `timeout`, which a
+    busy engine's queue also causes)."""
     t0 = time.time()
     client = Client(url, api_key=api_key, timeout=timeout)
     try:
@@ -34,7 +35,8 @@ def one_token(url, model, api_key=None, timeout=10.0):
         detail = "a token in %.2fs" % (time.time() - t0) if ok else "an answer without a token: %s" % str(resp)[:200]
     except ApiError as e:
         ok, detail = False, _why(e, timeout, time.time() - t0)
-    return {"ok": ok, "seconds": round(time.time() - t0, 2), "detail": detail}
+    return {"ok": ok, "seconds": round(time.time() - t0, 2), "detail": detail,
+            "timed_out": not ok and detail == TIMED_OUT % timeout}
 
 
 def health(url, path, timeout=3.0):
@@ -79,10 +81,13 @@ def progress(urls, window, timeout=3.0):
                 running + waiting, waiting, generated, steps, window)}
 
 
+TIMED_OUT = "no token within %ds"
+
+
 def _why(error, timeout, took):
     text = str(error)
     if error.status is None and (took >= timeout - 0.5 or "timed out" in text):
-        return "no token within %ds" % timeout
+        return TIMED_OUT % timeout
     return text[:300]
 
 

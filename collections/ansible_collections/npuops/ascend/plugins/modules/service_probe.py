@@ -67,7 +67,7 @@ probes:
   type: dict
   sample:
     main:
-      front: {ok: false, seconds: 10.0, detail: no token within 10s}
+      front: {ok: false, seconds: 10.0, detail: no token within 10s, timed_out: true}
       front_health: {ok: true, status: 200, seconds: 0.01, detail: /health -> 200}
       engines: {"http://10.0.0.11:8000": {ok: true, status: 200, seconds: 0.01, detail: /health -> 200}}
 """

@@ -77,12 +77,17 @@ def error(msg, code=400, param=None):
                       "code": code}}
 
 
-def has_fault(name):
+def faults(name):
+    """The node's faults of kind `name` (its profile's records)."""
     try:
         with open(PROFILE) as f:
-            return any(x.get("fault") == name for x in json.load(f).get("faults", []))
+            return [x for x in json.load(f).get("faults", []) if x.get("fault") == name]
     except (OSError, ValueError):
-        return False
+        return []
+
+
+def has_fault(name):
+    return bool(faults(name))
 
 
 # when this engine started: a wedge set before it (the fault's "at") does not hold it (a restart cures a hung collective)
@@ -90,12 +95,7 @@ STARTED = time.time()
 
 
 def wedged():
-    try:
-        with open(PROFILE) as f:
-            faults = json.load(f).get("faults", [])
-    except (OSError, ValueError):
-        return False
-    return any(x.get("fault") == "engine_wedge" and (x.get("at") is None or x["at"] >= STARTED) for x in faults)
+    return any(x.get("at") is None or x["at"] >= STARTED for x in faults("engine_wedge"))
 
 
 def garbled():

@@ -21,7 +21,7 @@ def setup(n=4, instances=1):
 
 
 def probe(ok=True, health=True, detail="a token in 0.10s"):
-    return {"front": {"ok": ok, "seconds": 0.1, "detail": detail if ok else "no token within 10s"},
+    return {"front": {"ok": ok, "seconds": 0.1, "detail": detail if ok else "no token within 10s", "timed_out": not ok},
             "front_health": {"ok": health, "status": 200 if health else None, "detail": "/health -> 200"},
             "engines": {}}
 

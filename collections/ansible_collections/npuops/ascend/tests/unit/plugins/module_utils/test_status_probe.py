@@ -62,4 +62,5 @@ def test_every_probe_runs_at_once_and_a_wedged_engine_gives_no_token(servers):
     assert got["a"]["front"]["ok"] and got["a"]["front_health"]["ok"]
     assert not got["a"]["engines"][dead]["ok"] and got["a"]["engines"][dead]["status"] is None
     assert got["b"]["front_health"]["ok"] and not got["b"]["front"]["ok"]
-    assert got["b"]["front"]["detail"] == "no token within 2s"
+    assert got["b"]["front"]["detail"] == "no token within 2s" and got["b"]["front"]["timed_out"] is True
+    assert got["a"]["front"]["timed_out"] is False
