@@ -58,9 +58,13 @@ def plan(preset, tp, pp=1, dp=1, expert_parallel=False, hbm_total_mb=65536, over
     layers_per_die = -(-int(p.get("kv_cache_layers") or p["layers"]) // pp)
     kv_per_token = layers_per_die * int(p["kv_elements_per_token_per_layer"]) * DTYPE_BYTES[dtype]
     # a draft (npuops_draft) holds its weights on every die of its TP and its layers' KV in the same block pool
-    draft = speculative.sizing(p["draft"], tp) if p.get("draft") else {"weights_bytes": 0.0, "kv_bytes_per_token": 0}
+    draft = speculative.sizing(p["draft"], tp) if p.get("draft") else {"weights_bytes": 0.0, "kv_elements_per_token": 0,
+                                                                       "kv_cache_dtype": "auto"}
+    if draft["kv_cache_dtype"] not in DTYPE_BYTES:
+        raise AnsibleFilterError("capacity_plan: unknown kv_cache_dtype %r of the draft (known: %s)"
+                                 % (draft["kv_cache_dtype"], sorted(DTYPE_BYTES)))
     per_die += draft["weights_bytes"]
-    kv_per_token += draft["kv_bytes_per_token"]
+    kv_per_token += draft["kv_elements_per_token"] * DTYPE_BYTES[draft["kv_cache_dtype"]]
     budget = usable - per_die - overhead
     kv_tokens = int(budget // kv_per_token) if budget > 0 else 0
     block = int(p.get("block_size", 128))

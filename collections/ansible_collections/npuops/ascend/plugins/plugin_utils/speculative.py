@@ -132,10 +132,9 @@ def config(draft, target_tp, kv_role=None):
 
 
 def sizing(draft, target_tp):
-    """What the capacity plan counts of a draft on one die: {weights_bytes, kv_bytes_per_token} (its KV cache sits
-    in the same block pool as the target's: vLLM allocates the draft's layers there too)."""
-    tp = draft_tp(draft, target_tp)
-    dtype_bytes = 1 if str(draft.get("kv_cache_dtype", "auto")).startswith(("int8", "fp8")) else 2
-    return {"weights_bytes": float(draft.get("weights_bytes") or 0) / tp,
-            "kv_bytes_per_token": int(draft.get("kv_cache_layers") or 0)
-            * int(draft.get("kv_elements_per_token_per_layer") or 0) * dtype_bytes}
+    """What the capacity plan counts of a draft on one die: {weights_bytes, kv_elements_per_token, kv_cache_dtype} (its
+    KV cache sits in the same block pool as the target's: vLLM allocates the draft's layers there too)."""
+    return {"weights_bytes": float(draft.get("weights_bytes") or 0) / draft_tp(draft, target_tp),
+            "kv_elements_per_token": int(draft.get("kv_cache_layers") or 0)
+            * int(draft.get("kv_elements_per_token_per_layer") or 0),
+            "kv_cache_dtype": str(draft.get("kv_cache_dtype") or "auto")}
