@@ -61,6 +61,9 @@ def test_a_healthy_service_is_healthy_and_exits_0(cluster, tmp_path):
     ("engine_hang", "node01", r"no token within 10s through node01"),
     ("engine_wedge", "node01", r"no token within 10s through node01 \(http://[\d.]+:8000\) although /health -> 200 "
                                r"answers \(a wedged engine\)"),
+    # a collective hung on the worker's NPUs: its rank never finishes a step, so the leader's whole group stalls
+    ("engine_wedge", "node02", r"no token within 10s through node01 \(http://[\d.]+:8000\) although /health -> 200 "
+                               r"answers \(a wedged engine\)"),
     ("node_down", "node02", r"node02: unreachable"),
 ])
 def test_a_fault_is_named_within_60s_and_recover_brings_the_instance_back(cluster, tmp_path, fault, node, expect):

@@ -249,7 +249,7 @@ class Cluster:
     def make_node_files(self, spec, all_specs, generation, superpod, ping_interval=None):
         d = self.node_dir(spec.name)
         for sub in ("etc.up", "etc.work", "usr.up", "usr.work", "dev.up", "dev.work", "root", "tmp", "srv/models",
-                    "containers"):
+                    "containers", "varlib"):
             os.makedirs(os.path.join(d, sub), exist_ok=True)
         os.chmod(os.path.join(d, "tmp"), 0o1777)
         # a server's own root home, not this machine's (whose shell start-up files may be slow or odd)
@@ -329,6 +329,9 @@ class Cluster:
                  "mount -t tmpfs -o size=%s,mode=1777 shm /dev/shm" % SHM_SIZE,
                  "mount -t tmpfs -o mode=755,size=256m run /run", "mkdir -p /run/sshd /run/lock",
                  "mount --bind %s/tmp /tmp" % d, "mount --bind %s/srv /srv" % d,
+                 # the node's own state (records, keys, HAProxy's server state), as on a real host: never shared
+                 # with the other nodes or another cluster on this machine
+                 "mkdir -p /var/lib/npuops", "mount --bind %s/varlib /var/lib/npuops" % d,
                  "exec %s -D -e -f %s/sshd_config" % (SSHD, d)]
         return "\n".join(lines) + "\n"
 

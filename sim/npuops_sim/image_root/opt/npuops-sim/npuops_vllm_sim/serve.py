@@ -642,6 +642,11 @@ class Follower(object):
             if msg.get("complete"):
                 self.complete.set()
             if "step" in msg:
+                if lm.wedged():
+                    # a collective hung on this node's NPUs: this rank never finishes the step, so the whole group
+                    # stalls (the leader's API still answers /health, no token comes out) until HCCL's execution
+                    # timeout ends it, as a rank that hangs in an HCCL task does (vllm-ascend #16646)
+                    continue
                 self.send({"step": msg["step"]})
             if "synced" in msg:
                 event = self.waiting.pop(msg["synced"], None)
