@@ -16,6 +16,7 @@ import re
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.module_utils import container
+from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 SERIES_KEYS = {"random": ("input_len", "output_len"), "multi_turn": ("turns", "output_len", "context_tokens")}
 
@@ -100,17 +101,45 @@ def bench_points(matrix, name="matrix", max_model_len=None):
     return points
 
 
-def bench_run_metadata(plan, containers, model_spec, tier, matrix=None, revision=""):
-    """What a benchmark ran on, as the Kimi-K3 tutorial's section 6 asks to record it, read from what the plan
-    renders: per instance its engine flags (the first engine's argv), graph mode, prefix caching and draft; the
-    weights revision; and, per multi-turn series of the matrix, how many sessions of its longest context the capacity
-    plan says fit the KV cache (to read beside the measured knee). -> {run, planned_concurrency}."""
+def flag_differences(ran, planned):
+    """The flags on which two vllm serve argvs differ: ["--max-num-seqs 32 (the plan: 16)", ...], in argv order."""
+    head_ran, ran_flags = container.argv_flags(ran)
+    head_plan, plan_flags = container.argv_flags(planned)
+    out = [] if head_ran == head_plan else ["%s (the plan: %s)" % (head_ran, head_plan)]
+    for flag in list(ran_flags) + [f for f in plan_flags if f not in ran_flags]:
+        a, b = ran_flags.get(flag), plan_flags.get(flag)
+        if a != b:
+            shown = lambda v: "absent" if v is None else ("set" if v is True else v)  # noqa: E731
+            out.append("%s %s (the plan: %s)" % (flag, shown(a), shown(b)))
+    return out
+
+
+def bench_run_metadata(plan, containers, model_spec, tier, matrix=None, revision="", hostvars=None, key=None):
+    """What a benchmark ran on, as the Kimi-K3 tutorial's section 6 asks to record it: per instance the flags its
+    engines ran (the first engine's argv, read from its running container - vllm_container_info registered as `key` -
+    else the plan's, said so), graph mode, prefix caching and draft, and how the running flags differ from the plan's;
+    the weights revision; and, per multi-turn series of the matrix, how many sessions of its longest context the
+    capacity plan says fit the KV cache (to read beside the measured knee). -> {run, planned_concurrency}."""
     from ansible_collections.npuops.ascend.plugins.filter.capacity import capacity_plan
     run = {"weights_revision": revision or "not pinned (npuops_weights_revision)"}
     for name, inst in sorted(plan["instances"].items()):
         host = inst["hosts"][0]
-        argv = ((containers.get(host) or {}).get("engine") or {}).get("command") or []
+        engine = (containers.get(host) or {}).get("engine") or {}
+        planned = engine.get("command") or []
         prefix = "" if len(plan["instances"]) == 1 else "instance %s " % name
+        argv = planned
+        if key:
+            result = hostvar(hostvars, host, key)
+            found = ((result if isinstance(result, dict) else {}).get("containers") or {}).get(engine.get("name")) or {}
+            ran = (found.get("spec") or {}).get("command") if found.get("running") else None
+            if ran:
+                argv = ran
+                differences = flag_differences(ran, planned)
+                if differences:
+                    run[prefix + "differs_from_plan"] = "; ".join(differences)
+            else:
+                run[prefix + "flags_from"] = "the plan: the engine on %s could not be read (%s)" % (host, (
+                    (result or {}).get("msg") if isinstance(result, dict) else None) or "not running")
         compilation = json.loads((container.flag_words(argv, "--compilation-config") or ["{}"])[0])
         speculative = json.loads((container.flag_words(argv, "--speculative-config") or ["null"])[0])
         run[prefix + "flags"] = " ".join(str(a) for a in argv)

@@ -290,6 +290,14 @@ def markdown(meta, table, reconciliation, plots):
     lines = ["# Benchmark: %s on %s" % (meta.get("model", "?"), meta.get("tier", "?")), "",
              "- endpoint: `%s`" % meta.get("endpoint", "?"), "- matrix: `%s`" % meta.get("matrix", "?"),
              "- started: %s" % meta.get("started", "?")]
+    images = {}
+    for host, held in sorted((meta.get("images") or {}).items()):
+        versions = held.get("versions") or {}
+        text = "`%s` (%s%s)" % (held.get("image"), ", ".join("%s %s" % (k, versions[k]) for k in sorted(versions))
+                                or "versions not read", "; %s" % held["digest"] if held.get("digest") else "")
+        images.setdefault(text, []).append(host)
+    # what the engines ran, read from their containers (the inventory's image may have changed since the deploy)
+    lines += ["- image on %s: %s" % (", ".join(hosts), text) for text, hosts in sorted(images.items())]
     models = meta.get("models") or {}
     if len(models) > 1:
         # replicas that serve different weights: the load reached each (the gateway's mode decides in what share)

@@ -99,3 +99,30 @@ def test_a_count_per_point_must_have_one_value_per_concurrency():
               "sessions": [2, 4], "concurrency": [1, 2, 4]}
     with pytest.raises(AnsibleFilterError, match="sessions has 2 values for 3 concurrencies"):
         bench.bench_points([series])
+
+
+def test_the_report_names_the_flags_the_engines_ran_and_how_they_differ_from_the_plan():
+    """After a rollout with max_num_seqs 32, a bench run without that override must report 32 (what the engines ran),
+    not the plan's (the field report's 64), and say that the two differ."""
+    from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered
+    from ansible_collections.npuops.ascend.plugins.filter import serve, topology
+    groups, hv = inventory(2)
+    tier, model, opts = rendered("2node_pp", "kimi_k3_1_pro_w4a8")
+    plan = topology.plan_topology(groups, hv, tier)
+    containers = serve.serve_containers(plan, hv, tier, model, opts)
+    planned = containers["node01"]["engine"]["command"]
+    ran = list(planned)
+    ran[ran.index("--max-num-seqs") + 1] = "32"
+    hv["node01"]["read"] = {"containers": {"vllm": {"exists": True, "running": True,
+                                                    "spec": {"command": ran, "image": "x"}}}}
+    meta = bench.bench_run_metadata(plan, containers, model, tier, [], "", hv, "read")
+    assert " --max-num-seqs 32 " in meta["run"]["flags"] and " --max-num-seqs 64 " not in meta["run"]["flags"]
+    assert meta["run"]["differs_from_plan"] == "--max-num-seqs 32 (the plan: 64)"
+    # an engine that could not be read: the plan's flags, said so
+    hv["node01"]["read"] = {"failed": True, "msg": "podman: timed out"}
+    meta = bench.bench_run_metadata(plan, containers, model, tier, [], "", hv, "read")
+    assert meta["run"]["flags"] == " ".join(planned)
+    assert meta["run"]["flags_from"] == "the plan: the engine on node01 could not be read (podman: timed out)"
+    assert bench.flag_differences(["vllm", "serve", "/m", "--a", "1", "--eager"], ["vllm", "serve", "/m", "--a", "2",
+                                                                                  "--b", "3"]) == [
+        "--a 1 (the plan: 2)", "--eager set (the plan: absent)", "--b absent (the plan: 3)"]
