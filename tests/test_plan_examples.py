@@ -180,6 +180,24 @@ all:
         assert expected in text, expected
 
 
+def test_a_yaml_error_in_group_vars_names_its_file_and_line(tmp_path):
+    """ansible-core 2.19's host_group_vars turns the parser's error into text without its origin ("YAML parsing
+    failed" and nothing else); the collection's vars plugin (ansible.cfg) lets ansible-core's own error through, with
+    the file, the line and the source there."""
+    import shutil
+    inv = tmp_path / "inv"
+    shutil.copytree("inventories/a3-4node", str(inv))
+    with open(str(inv / "group_vars" / "all.yml"), "a") as f:
+        f.write("npuops_vllm_overrides: {max_num_seqs: 8\nnpuops_other: 1\n")
+    lines = (inv / "group_vars" / "all.yml").read_text().splitlines()
+    proc = run([BIN + "/ansible-playbook", "-i", str(inv), "playbooks/plan.yml"], check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "YAML parsing failed" in text
+    assert "Origin: %s/group_vars/all.yml:%d:" % (inv, len(lines)) in text, text[-2000:]
+    assert "WARNING" not in text.replace("CryptographyDeprecationWarning", "")
+
+
 def plan_of(tmp_path, inventory, *extra, check=True):
     out = tmp_path / "plan.json"
     proc = run([BIN + "/ansible-playbook", "-i", "inventories/" + inventory, "playbooks/plan.yml",

@@ -88,8 +88,12 @@ def _instance_problems(tier, name, members, groups, hostvars):
     where = " of instance %s" % name if name != topology.DEFAULT_INSTANCE else ""
     label = "instance %s" % name if where else "the inventory"
     if len(members) != int(tier["nodes"]):
-        problems.append("npuops_tier %s needs %d hosts per instance in npu_nodes, %s has %d (%s)"
-                        % (tier["name"], tier["nodes"], label, len(members), ", ".join(members)))
+        # a prefill/decode tier's count is the sum of its sides' (npuops_<group>_nodes): name them, they are the fix
+        sides = " + ".join("%s %d" % (topology.node_count_variable(g), int(g["nodes"])) for g in tier["groups"]
+                           if g.get("kv_role"))
+        problems.append("npuops_tier %s needs %d hosts per instance in npu_nodes, %s has %d (%s)%s"
+                        % (tier["name"], tier["nodes"], label, len(members), ", ".join(members),
+                           ": %s; set them to the hosts of each side's group" % sides if sides else ""))
     owner = {}
     for g in tier["groups"]:
         inventory_group = g.get("inventory_group", "npu_nodes")

@@ -251,8 +251,10 @@ def test_xpyd_node_counts_are_checked_whole_positive_and_the_same_everywhere(pre
     for h in hv:
         hv[h]["npuops_decode_nodes"] = 3
     problems = check(groups, hv, presets)
-    assert any("npuops_tier 8p8d_pd needs 7 hosts per instance in npu_nodes, the inventory has 6" in p
-               for p in problems), problems
+    # the count comes from npuops_prefill_nodes and npuops_decode_nodes: the refusal names them, they are the fix
+    assert "npuops_tier 8p8d_pd needs 7 hosts per instance in npu_nodes, the inventory has 6 (node01, node02, node03, " \
+        "node04, node05, node06): npuops_prefill_nodes 4 + npuops_decode_nodes 3; set them to the hosts of each " \
+        "side's group" in problems, problems
 
 
 def test_a_memcache_kv_pool_needs_a_tier_that_has_one(presets):
