@@ -20,6 +20,7 @@ __metaclass__ = type
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter import topology
+from ansible_collections.npuops.ascend.plugins.module_utils import haproxy_admin
 
 ADMIN_SOCKET = "/run/haproxy/admin.sock"
 PID_FILE = "/run/haproxy.pid"
@@ -56,6 +57,16 @@ def servers(gateway):
         be = backend_of(inst) if gateway["mode"] == "tenant" else SERVICE_BACKEND
         for i in range(len(gateway["backends"][inst])):
             out.append((be, server_name(inst, i), inst))
+    return out
+
+
+def state_servers(gateway):
+    """[{backend, server, address, port}] of the configuration: the servers whose admin state a reload keeps
+    (module haproxy_server_state)."""
+    out = []
+    for be, name, inst in servers(gateway):
+        s = gateway["backends"][inst][int(name.rsplit("-", 1)[1]) - 1]
+        out.append({"backend": be, "server": name, "address": s["address"], "port": int(s["port"])})
     return out
 
 
@@ -122,12 +133,16 @@ def haproxy_config(gateway, model, options=None):
         "    pidfile %s" % PID_FILE,
         # the admin socket: a unix socket, root only; the rolling update drains servers through it
         "    stats socket %s mode 600 level admin expose-fd listeners" % ADMIN_SOCKET,
+        # a reload or a restart starts each server in the admin state it had (drained, in maintenance): an
+        # instance taken out of rotation stays out until npuops puts it back (module haproxy_server_state)
+        "    server-state-file %s" % haproxy_admin.STATE_FILE,
         "    stats timeout 30s",
         # a reload lets the old worker finish its connections, for at most this long
         "    hard-stop-after 120s",
         "",
         "defaults",
         "    mode http",
+        "    load-server-state-from-file global",
         # no log lines at all: requests carry API keys in their headers
         "    timeout connect 2s",
         "    timeout client 600s",
@@ -264,4 +279,5 @@ class FilterModule(object):
     def filters(self):
         return {"gateway_haproxy_config": haproxy_config, "gateway_tenant_map": tenant_map,
                 "gateway_keepalived_config": keepalived_config, "gateway_rollout_order": rollout_order,
-                "gateway_servers_of": gateway_servers_of, "gateway_agent_config": agent_config}
+                "gateway_servers_of": gateway_servers_of, "gateway_agent_config": agent_config,
+                "gateway_state_servers": state_servers}

@@ -19,7 +19,7 @@ import hashlib
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter.topology import DEFAULT_INSTANCE, instance_model
-from ansible_collections.npuops.ascend.plugins.module_utils import container, manifest, vllm_cli
+from ansible_collections.npuops.ascend.plugins.module_utils import container, manifest, verdict, vllm_cli
 from ansible_collections.npuops.ascend.plugins.plugin_utils import board, recipes, speculative, values
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
@@ -461,6 +461,22 @@ def serve_previous(engine, host, info):
     return out
 
 
+def restore_source(running, record, gates):
+    """What a configuration that fails its gate is replaced by: the configuration that ran before when it passed
+    the gates (or no gate asked), else the last that passed (the instance's record, instance_verdict), else the one
+    that ran before (never judged). `running`: instance_configs' entry of the instance before the restart.
+    -> {config, engines: {host: {container: {exists, spec}}}, why}."""
+    state, _detail = verdict.gate_state(record, running.get("config"), gates)
+    good = verdict.last_good(record)
+    if state == verdict.PASSED or not good:
+        why = {verdict.PASSED: "passed its gates", verdict.UNMEASURED: "no gate judged",
+               verdict.UNKNOWN: "could not be judged"}.get(state, "failed its gates too: no configuration that passed "
+                                                                 "is recorded")
+        return {"config": running.get("config"), "engines": running.get("engines") or {},
+                "why": "the configuration it ran before, which %s" % why}
+    return good
+
+
 # what the plan's waits (ready URL, rendezvous peers), the accuracy gate and the gateway address: a restore keeps them
 RESTORE_SAME = ("--host", "--port", "--served-model-name", "--master-addr", "--master-port", "--data-parallel-address",
                 "--data-parallel-rpc-port")
@@ -468,7 +484,8 @@ RESTORE_SAME = ("--host", "--port", "--served-model-name", "--master-addr", "--m
 
 class FilterModule(object):
     def filters(self):
-        return {"serve_containers": serve_containers, "serve_previous": serve_previous, "serve_restarts": serve_restarts, "plan_report": plan_report,
+        return {"serve_containers": serve_containers, "serve_previous": serve_previous,
+                "serve_restore_source": restore_source, "serve_restarts": serve_restarts, "plan_report": plan_report,
                 "kv_pool_problems": kv_pool_problems,
                 "board_dirs": board_dirs, "serve_leftovers": serve_leftovers, "recipe_diff_lines": recipe_diff_lines,
                 "serve_deployment_record": deployment_record}

@@ -17,6 +17,7 @@ __metaclass__ = type
 
 from ansible_collections.npuops.ascend.plugins.filter import gateway as gateway_config
 from ansible_collections.npuops.ascend.plugins.filter import topology
+from ansible_collections.npuops.ascend.plugins.module_utils import verdict
 from ansible_collections.npuops.ascend.plugins.plugin_utils import versions
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
@@ -25,6 +26,9 @@ DEGRADED = "degraded"
 DOWN = "down"
 # requests wait and the engines still step: healthy for the exit code, and never restarted by recover
 BUSY = "busy"
+# it answers, but its running configuration failed a gate (its answers): out of rotation, non-zero
+WRONG = "wrong"
+ENGINE_ROLES = ("leader", "worker", "prefill", "decode")
 
 
 def _containers_of(plan, containers, instance):
@@ -74,7 +78,8 @@ def running_images(plan, hostvars, containers, key, instance=None):
             if role not in ("proxy", "kv_pool") and found.get("image"):
                 read = found["image"]
                 out[host] = dict((k, read.get(k)) for k in ("id", "digest", "versions"))
-                out[host]["image"] = containers[host]["engine"]["image"]
+                # the image the container runs (its spec), not the inventory's: they differ until a deploy applies it
+                out[host]["image"] = (found.get("spec") or {}).get("image") or containers[host]["engine"]["image"]
                 if read.get("error"):
                     out[host]["error"] = read["error"]
     return out
@@ -90,6 +95,13 @@ def _images(plan, containers, hostvars, key, instance):
                 for host, ident, first_host, first_id in versions.differing_images(reads)]
     shared = dict(reads[0][1]) if reads and not problems else None
     return {"images": held, "image": shared, "image_problems": problems}
+
+
+def _gate_text(entry):
+    gate = entry.get("gate")
+    if not gate or entry["state"] == WRONG:
+        return ""
+    return "; answers %s" % ("not measured" if gate["state"] == verdict.UNMEASURED else gate["state"])
 
 
 def _model_text(entry):
@@ -165,13 +177,15 @@ def gateway_status(plan, hostvars, key, probes, busy=False):
             "endpoint": gw["endpoint"]}
 
 
-def service_status(plan, hostvars, containers, key, probes, gateway_key=None):
-    """-> {healthy, state, instances: {name: {state, reason, hosts, problems}}, gateway, summary: [lines]}.
+def service_status(plan, hostvars, containers, key, probes, gateway_key=None, gates=None):
+    """-> {healthy, state, instances: {name: {state, reason, hosts, problems, gate}}, gateway, summary: [lines]}.
 
     `containers` is the plan role's npuops_containers; `key` the registered vllm_container_info result on every
-    host; `probes` service_probe's probes; `gateway_key` the registered gateway_info result on every gateway host.
-    With a gateway, the service is down when its floating address gives no token, and degraded when a gateway
-    host lacks HAProxy or keepalived or an instance is out of rotation."""
+    host; `probes` service_probe's probes; `gateway_key` the registered gateway_info result on every gateway host;
+    `gates` gate_states (what the gates said of each instance's running configuration). An instance that answers
+    while its running configuration failed a gate is wrong. With a gateway, the service is down when its floating
+    address gives no token, and degraded when a gateway host lacks HAProxy or keepalived or an instance is out of
+    rotation."""
     out = {}
     for name, inst in plan["instances"].items():
         problems = []
@@ -204,16 +218,23 @@ def service_status(plan, hostvars, containers, key, probes, gateway_key=None):
             if prog.get("ok") and prog.get("in_flight"):
                 why += "; %s: no progress" % prog["detail"]
             reason = "; ".join([why] + problems)
+        gate = (gates or {}).get(name)
+        if gate and gate["state"] == verdict.FAILED and state != DOWN:
+            # it answers, but what it answers is wrong: the gate's verdict holds until a measurement proves otherwise
+            state, reason = WRONG, "; ".join(["answers wrongly: %s" % gate["detail"]] + problems)
         out[name] = {"state": state, "reason": reason, "hosts": list(inst["hosts"]), "problems": problems,
-                     "endpoint": inst["endpoint"], "model": topology.instance_model(inst)}
+                     "endpoint": inst["endpoint"], "model": topology.instance_model(inst),
+                     "gate": dict(gate) if gate else None}
         out[name].update(_images(plan, containers, hostvars, key, name))
     states = set(v["state"] for v in out.values())
     if states <= {HEALTHY, BUSY}:
         service = BUSY if BUSY in states else HEALTHY
+    elif states in ({DOWN}, {WRONG}):
+        service = next(iter(states))
     else:
-        service = DOWN if states == {DOWN} else DEGRADED
-    summary = ["%s: %s (%s) - %s%s%s" % (name, v["state"], ", ".join(v["hosts"]), v["reason"], _model_text(v),
-                                         _image_text(v)) for name, v in sorted(out.items())]
+        service = DEGRADED
+    summary = ["%s: %s (%s) - %s%s%s%s" % (name, v["state"], ", ".join(v["hosts"]), v["reason"], _gate_text(v),
+                                           _model_text(v), _image_text(v)) for name, v in sorted(out.items())]
     gateway = gateway_status(plan, hostvars, gateway_key, probes, busy=BUSY in states) if gateway_key else None
     if gateway:
         if gateway["state"] == DOWN:
@@ -251,7 +272,9 @@ def unhealthy_groups(plan, status):
     """The engine groups (instance/group) of every instance that is not healthy: what recover restarts."""
     keys = []
     for name, v in sorted(status["instances"].items()):
-        if v["state"] not in (HEALTHY, BUSY):  # a busy instance makes progress: never restarted
+        # a busy instance makes progress, a wrong one answers (a restart does not change what its configuration
+        # answers; the rotation measures it): neither is restarted
+        if v["state"] not in (HEALTHY, BUSY, WRONG):
             keys.extend(g["key"] for g in plan["instances"][name]["groups"].values())
     return keys
 
@@ -280,16 +303,145 @@ def rotation(hostvars, plan, key):
 
 
 def gateway_repairs(status):
-    """What recover does at the gateway: the gateway hosts whose HAProxy or keepalived is down (the gateway role
-    starts them again), and the healthy (or busy) instances out of rotation (put back)."""
+    """What recover repairs at the gateway: the gateway hosts whose HAProxy or keepalived is down (the gateway role
+    starts them again), and whether any instance is out of rotation or wrong (the rotation decides, rotation.yml)."""
     gw = status.get("gateway") or {}
     restart = sorted(h for h, v in (gw.get("hosts") or {}).items() if not (v["haproxy"] and v["keepalived"]))
-    back = sorted(i for i in (gw.get("out_of_rotation") or {}) if status["instances"][i]["state"] in (HEALTHY, BUSY))
-    return {"restart": restart, "back": back, "any": bool(restart or back)}
+    rotation = bool(gw.get("out_of_rotation")) or any(v["state"] == WRONG for v in status["instances"].values())
+    return {"restart": restart, "rotation": bool(gw) and rotation, "any": bool(restart) or (bool(gw) and rotation)}
+
+
+# ------------------------------------------------------------------------------------------ may serve
+
+def verdict_hosts(plan):
+    """{instance: the host that keeps its verdicts (its first host: npuops_plan.instances[<name>].hosts[0])}."""
+    return dict((name, inst["hosts"][0]) for name, inst in plan["instances"].items() if inst.get("hosts"))
+
+
+def instance_configs(plan, hostvars, containers, key, instances=None):
+    """{instance: {config, engines}} from vllm_container_info registered as `key` on the engine hosts: the id of the
+    configuration its engines run (verdict.config_id; None when an engine is missing, not npuops', or was not read)
+    and, per host, what each engine ran ({container: {exists, spec}}: what a restore puts back)."""
+    out = {}
+    for name in sorted(plan["instances"]) if instances is None else instances:
+        specs, engines = {}, {}
+        for host, cname, role in _containers_of(plan, containers, name):
+            if role not in ENGINE_ROLES:
+                continue
+            result = hostvar(hostvars, host, key)
+            found = ((result if isinstance(result, dict) else {}).get("containers") or {}).get(cname) or {}
+            specs[host] = found.get("spec") if found.get("exists") and found.get("ours") else None
+            engines[host] = {cname: {"exists": bool(found.get("exists")), "spec": found.get("spec")}}
+        out[name] = {"config": verdict.config_id(specs), "engines": engines}
+    return out
+
+
+def gate_states(configs, hostvars, key, gates, plan):
+    """{instance: {state, detail, config}}: what the gates said of the configuration each instance runs (`configs`:
+    instance_configs), from the records instance_verdict read (registered as `key` on each instance's first host). A
+    record that could not be read counts as never measured (its host is named)."""
+    keepers = verdict_hosts(plan)
+    out = {}
+    for name, cfg in sorted(configs.items()):
+        res = hostvar(hostvars, keepers.get(name), key) or {}
+        record = res.get("record") if isinstance(res, dict) else None
+        state, detail = verdict.gate_state(record, cfg.get("config"), gates)
+        if record is None and gates and cfg.get("config"):
+            why = (res.get("msg") if isinstance(res, dict) else None) or "not read"
+            detail = "its verdicts on %s could not be read (%s)" % (keepers.get(name), str(why).splitlines()[0][:200])
+        out[name] = {"state": state, "detail": detail, "config": cfg.get("config"),
+                     "last_good": verdict.last_good(record)}
+    return out
+
+
+def may_serve(state, alive=True):
+    """The one decision that puts an instance into rotation: it is alive and its running configuration passed every
+    gate asked (verdict.gate_state)."""
+    return bool(alive) and state == verdict.PASSED
+
+
+def rotation_decisions(rotation, states, measure=False, alive=None):
+    """What every path that touches the rotation does, instance by instance (`rotation`: gateway_rotation; `states`:
+    gate_states; `alive`: {instance: bool} where known). An instance in rotation whose running configuration failed
+    goes out; one out of rotation goes back when it may serve (may_serve); one out whose configuration is not proven
+    (never measured, failed, unreadable) is measured first when `measure`, else stays out.
+    -> {back, out, measure, kept_out: {instance: why}, lines}."""
+    alive = alive or {}
+    back, out, ask, kept = [], [], [], {}
+    for name, where in sorted((rotation or {}).items()):
+        gate = states.get(name) or {"state": verdict.UNKNOWN, "detail": "no verdict read"}
+        is_alive = alive.get(name, True)
+        if where == "out":
+            if may_serve(gate["state"], is_alive):
+                back.append(name)
+            elif not is_alive:
+                kept[name] = "it is down"
+            elif measure:
+                ask.append(name)
+            else:
+                kept[name] = gate["detail"]
+        elif where in ("in", "down") and gate["state"] == verdict.FAILED:
+            out.append(name)
+            kept[name] = gate["detail"]
+    lines = ["%s: back into rotation (%s)" % (n, states[n]["detail"]) for n in back]
+    lines += ["%s: out of rotation: %s" % (n, kept[n]) for n in out]
+    lines += ["%s: measured before it may serve (%s)" % (n, states.get(n, {}).get("detail", "")) for n in ask]
+    lines += ["%s: stays out of rotation: %s" % (n, why) for n, why in sorted(kept.items()) if n not in out]
+    return {"back": back, "out": out, "measure": ask, "kept_out": kept, "lines": lines, "states": dict(states),
+            "wrong": _wrong(kept, states)}
+
+
+def _wrong(kept, states):
+    """"<instance>: why" of the instances kept out because the configuration they run failed its gate."""
+    return ["%s: %s" % (n, why) for n, why in sorted(kept.items()) if (states.get(n) or {}).get("state") ==
+            verdict.FAILED]
+
+
+def rotation_measured(decisions, accuracy):
+    """rotation_decisions after the instances it asked to measure were measured (`accuracy`: the accuracy role's
+    npuops_accuracy): those that passed go back, the others stay out with the gate's words."""
+    measured = decisions.get("measure") or []
+    judged = (accuracy or {}).get("instances") or {}
+    passed = [n for n in measured if (judged.get(n) or {}).get("ok")]
+    kept = dict(decisions.get("kept_out") or {})
+    lines = list(decisions.get("lines") or [])
+    states = dict(decisions.get("states") or {})
+    for name in measured:
+        result = judged.get(name) or {}
+        if name in passed:
+            lines.append("%s: measured now, back into rotation (%s)" % (name, result.get("summary")))
+        else:
+            kept[name] = "measured now: %s" % (result.get("summary") or "not measured")
+            lines.append("%s: stays out of rotation: %s" % (name, kept[name]))
+        if result.get("judged") and name in states:
+            states[name] = dict(states[name], state=verdict.PASSED if name in passed else verdict.FAILED,
+                                detail=kept.get(name) or result.get("summary"))
+    return dict(decisions, back=list(decisions.get("back") or []) + passed, kept_out=kept, lines=lines, measure=[],
+                states=states, wrong=_wrong(kept, states))
+
+
+def rotation_restores(decisions, plan):
+    """The instances the rotation keeps out because the configuration they run failed its gate while the record holds
+    another that passed (an interrupted rollout left the new one running): [{instance, groups, hosts, restore:
+    {config, engines, why}}], in plan order, for the serve role's restore.yml."""
+    out = []
+    for name, inst in plan["instances"].items():
+        state = (decisions.get("states") or {}).get(name) or {}
+        good = state.get("last_good")
+        if name not in (decisions.get("kept_out") or {}) or state.get("state") != verdict.FAILED:
+            continue
+        if not good or good["config"] == state.get("config"):
+            continue
+        out.append({"instance": name, "groups": [g["key"] for g in inst["groups"].values()],
+                    "hosts": list(inst["hosts"]), "restore": good})
+    return out
 
 
 class FilterModule(object):
     def filters(self):
         return {"service_status": service_status, "status_probe_targets": status_probe_targets,
                 "unhealthy_groups": unhealthy_groups, "gateway_repairs": gateway_repairs,
-                "gateway_rotation": rotation, "running_images": running_images}
+                "gateway_rotation": rotation, "running_images": running_images,
+                "instance_configs": instance_configs, "gate_states": gate_states,
+                "rotation_decisions": rotation_decisions, "rotation_measured": rotation_measured,
+                "rotation_restores": rotation_restores}

@@ -15,6 +15,8 @@ __metaclass__ = type
 import socket
 import time
 
+from ansible_collections.npuops.ascend.plugins.module_utils import files
+
 STATES = ("ready", "drain", "maint")
 ADMIN_SOCKET = "/run/haproxy/admin.sock"
 
@@ -107,3 +109,51 @@ def servers(path, timeout=5.0):
         out.append({"backend": r.get("pxname"), "server": r.get("svname"), "status": status,
                     "state": state_of(status), "sessions": int(r.get("scur") or 0)})
     return out
+
+
+# HAProxy's server-state file (configuration manual: ``server-state-file``, ``load-server-state-from-file``): what a
+# reload or a restart starts from, so a drained or maintained server stays out of rotation across it. Without it a
+# reload starts every server ready: an instance taken out for its answers would serve again.
+STATE_FILE = "/var/lib/npuops/haproxy-server-state"
+
+
+def server_state_text(path, timeout=5.0):
+    """`show servers state` (management guide 9.3): a version line, a header, one line per server."""
+    text = command(path, "show servers state", timeout)
+    if not text.strip() or not text.lstrip().startswith("1"):
+        raise AdminError("unexpected answer to show servers state: %r" % text[:200])
+    return text
+
+
+def filter_server_state(text, keep):
+    """The server-state lines of the servers in `keep` ({(backend, server): "address:port"} of the configuration about
+    to be loaded) at the same address and port: HAProxy applies a state line's port to the server of that name, so a
+    server that moved must start from its configuration instead."""
+    out = []
+    header = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith("#"):
+            header = line[1:].split()
+            out.append(line)
+            continue
+        words = line.split()
+        if not header or len(words) < len(header):
+            out.append(line)  # the version line
+            continue
+        row = dict(zip(header, words))
+        where = (keep or {}).get((row.get("be_name"), row.get("srv_name")))
+        if keep is None or where == "%s:%s" % (row.get("srv_addr"), row.get("srv_port")):
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def save_server_state(path, state_file, keep=None, timeout=5.0):
+    """Write HAProxy's server state to `state_file` (root only, whole or not at all), only the servers of `keep` when
+    given (filter_server_state). -> the number of server lines written."""
+    text = server_state_text(path, timeout)
+    if keep is not None:
+        text = filter_server_state(text, keep)
+    files.write_atomic(state_file, text, durable=False)
+    return sum(1 for line in text.splitlines() if line.strip() and not line.startswith("#") and len(line.split()) > 1)

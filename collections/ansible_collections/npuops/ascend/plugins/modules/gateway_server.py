@@ -47,6 +47,13 @@ options:
     description: HAProxy's admin socket.
     type: path
     default: /run/haproxy/admin.sock
+  state_file:
+    description:
+      - HAProxy's server-state file (C(server-state-file) in haproxy.cfg), written again after a change so that the
+        server keeps its admin state when HAProxy reloads or restarts (a drained server stays out). Empty to leave
+        it alone.
+    type: path
+    default: /var/lib/npuops/haproxy-server-state
 attributes:
   check_mode:
     description: Reports whether the state would change; changes nothing.
@@ -104,7 +111,8 @@ def main():
         argument_spec=dict(backend=dict(type="str", required=True), server=dict(type="str", required=True),
                            state=dict(type="str", required=True, choices=list(haproxy_admin.STATES)),
                            wait=dict(type="bool", default=True), timeout=dict(type="int", default=60),
-                           socket=dict(type="path", default=haproxy_admin.ADMIN_SOCKET)),
+                           socket=dict(type="path", default=haproxy_admin.ADMIN_SOCKET),
+                           state_file=dict(type="path", default=haproxy_admin.STATE_FILE)),
         supports_check_mode=True)
     p = module.params
     try:
@@ -117,6 +125,8 @@ def main():
                              waited=waited)
         if changed:
             haproxy_admin.set_state(p["socket"], p["backend"], p["server"], p["state"])
+            if p["state_file"]:
+                haproxy_admin.save_server_state(p["socket"], p["state_file"])
         if p["wait"] and p["state"] in ("drain", "maint"):
             info, waited = haproxy_admin.wait(p["socket"], p["backend"], p["server"], lambda i: i["scur"] == 0,
                                               p["timeout"])
@@ -125,7 +135,7 @@ def main():
                                               lambda i: i["status"].upper().startswith("UP"), p["timeout"])
         else:
             info = haproxy_admin.server(p["socket"], p["backend"], p["server"])
-    except haproxy_admin.AdminError as e:
+    except (haproxy_admin.AdminError, IOError, OSError) as e:
         module.fail_json(msg="%s: %s" % (p["server"], e))
     module.exit_json(changed=changed, previous=previous, status=info["status"], sessions=info["scur"],
                      waited=round(waited, 2))

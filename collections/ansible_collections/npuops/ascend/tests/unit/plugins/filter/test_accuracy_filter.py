@@ -77,3 +77,56 @@ def test_api_checks_alone_judge_no_golden_score():
     assert v["ok"] and v["instances"]["a"]["datasets"] == {} and v["failures"] == []
     v = accuracy_filter.accuracy_verdict({"a": dict(only_api, api=[{"name": "n", "ok": False, "detail": "1"}])}, PLAN)
     assert v["failures"] == ["instance a: API check n failed: 1"]
+
+
+def test_a_verdict_is_recorded_only_when_the_answers_were_judged():
+    """Wrong answers with every item answered are a verdict on the configuration (failed); a set that could not be
+    asked, or too few items answered to tell, is no verdict (the configuration stays unmeasured), though the gate
+    still fails it (a rolling update restores the instance)."""
+    v = accuracy_filter.accuracy_verdict({"a": result(64), "b": result(0)}, PLAN)
+    assert v["judged"] == ["a", "b"] and v["instances"]["a"]["summary"] == "golden 100.0 (baseline 100.0 +- 5.0)"
+    half_unanswered = result(30)
+    half_unanswered["samples"].update(failed=34, completed=30, unparsed=0)
+    v = accuracy_filter.accuracy_verdict({"a": half_unanswered}, PLAN)
+    assert not v["ok"] and v["judged"] == []
+    assert "too many items got no answer to judge the answers" in v["failures"][0]
+    mostly_wrong = result(10)
+    mostly_wrong["samples"].update(failed=2, unparsed=52)  # even with the 2 unanswered right: 12 of 64
+    v = accuracy_filter.accuracy_verdict({"a": mostly_wrong}, PLAN)
+    assert v["judged"] == ["a"] and not v["instances"]["a"]["ok"]
+    v = accuracy_filter.accuracy_verdict({"a": {"failed": True, "msg": "timeout"}}, PLAN)
+    assert v["judged"] == [] and not v["ok"]
+    v = accuracy_filter.accuracy_verdict({"a": result(64, api_ok=False)}, PLAN)
+    assert v["judged"] == ["a"] and v["instances"]["a"]["summary"] == "API check n failed: n 2: 1 choice(s)"
+
+
+def test_a_gate_that_cannot_read_its_baselines_fails_without_raising():
+    v = accuracy_filter.accuracy_verdict({"a": result(64)}, PLAN, {"default": {"golden": {"baseline": "abc"}}})
+    assert not v["ok"] and v["judged"] == []
+    assert v["failures"][0].startswith("instance a: the baselines cannot be read (")
+    assert "fix npuops_accuracy_baselines" in v["failures"][0]
+
+
+def test_the_plan_refuses_baselines_and_suites_it_could_not_judge_naming_the_variable():
+    assert accuracy_filter.baseline_problems({}) == []
+    assert accuracy_filter.baseline_problems({"default": {"golden": {"baseline": 90, "threshold": 3}}}) == []
+    assert accuracy_filter.baseline_problems({"default": {"golden": {"baseline": 90}}}) == []  # shipped threshold
+    assert accuracy_filter.baseline_problems({"default": {"golden": {"baseline": "abc"}}}) == [
+        "npuops_accuracy_baselines.default.golden.baseline must be a number of points (0 to 100), not 'abc'"]
+    assert accuracy_filter.baseline_problems({"default": {"golden": {"baseline": 120, "threshold": -1}}}) == [
+        "npuops_accuracy_baselines.default.golden.baseline is 120: it must be between 0 and 100 points",
+        "npuops_accuracy_baselines.default.golden.threshold is -1: it must be between 0 and 100 points"]
+    assert accuracy_filter.baseline_problems({"default": {"gpqa": {"baseline": 60, "treshold": 2}}}) == [
+        "npuops_accuracy_baselines.default.gpqa.threshold must be a number of points (0 to 100), not None",
+        "npuops_accuracy_baselines.default.gpqa has treshold, which is not baseline or threshold"]
+    assert accuracy_filter.baseline_problems({"default": [1]}) == [
+        "npuops_accuracy_baselines.default must map datasets to {baseline, threshold}, not [1]"]
+    suite = {"name": "gpqa", "tool": "lm_eval", "tasks": ["gpqa_local"], "include_path": "/srv/eval"}
+    assert accuracy_filter.baseline_problems({}, [suite]) == [
+        "npuops_accuracy_suites[0]: task gpqa_local has no baseline: add npuops_accuracy_baselines.default.gpqa_local: "
+        "{baseline: <points>, threshold: <points>}"]
+    assert accuracy_filter.baseline_problems({"default": {"gpqa_local": {"baseline": 60, "threshold": 3}}},
+                                             [suite]) == []
+    assert accuracy_filter.baseline_problems({}, [{"tool": "aisbench", "tasks": "gpqa"}]) == [
+        "npuops_accuracy_suites[0].tool is 'aisbench': the suites run with lm_eval",
+        "npuops_accuracy_suites[0].tasks must be a list of lm-eval task names"]

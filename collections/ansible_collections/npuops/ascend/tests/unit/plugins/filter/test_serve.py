@@ -282,3 +282,25 @@ def test_a_restore_takes_the_previous_spec_but_refuses_one_that_moved_ports_or_n
         serve.serve_previous(engine, "node01", moved)
     with pytest.raises(AnsibleFilterError, match="node01: its engine vllm had no npuops spec before the restart"):
         serve.serve_previous(engine, "node01", {"exists": True, "spec": None})
+
+
+def test_a_configuration_that_answers_wrongly_is_replaced_by_the_last_that_passed():
+    from ansible_collections.npuops.ascend.plugins.module_utils import verdict
+    before = {"config": "cfg-old", "engines": {"node01": {"vllm": {"exists": True, "spec": {"command": ["old"]}}}}}
+    good = {"node01": {"vllm": {"exists": True, "spec": {"command": ["good"]}}}}
+    record = verdict.record(None, "a", "cfg-good", "answers", verdict.PASSED, "ok", "t1", good)
+    # what ran before passed: it comes back
+    passed = verdict.record(record, "a", "cfg-old", "answers", verdict.PASSED, "ok", "t2")
+    got = serve.restore_source(before, passed, ["answers"])
+    assert got["engines"] == before["engines"] and got["why"] == "the configuration it ran before, which passed its gates"
+    # what ran before was never judged (an interrupted rollout's) or failed: the last that passed comes back
+    got = serve.restore_source(before, record, ["answers"])
+    assert got["engines"] == good and got["config"] == "cfg-good"
+    assert got["why"] == "the last configuration that passed its gates (cfg-good, at t1)"
+    failed = verdict.record(record, "a", "cfg-old", "answers", verdict.FAILED, "golden 0.00", "t3")
+    assert serve.restore_source(before, failed, ["answers"])["config"] == "cfg-good"
+    # no record of any that passed: what ran before, said so
+    got = serve.restore_source(before, None, ["answers"])
+    assert got["engines"] == before["engines"] and got["why"] == "the configuration it ran before, which no gate judged"
+    # no gate asked: what ran before
+    assert serve.restore_source(before, record, [])["config"] == "cfg-old"

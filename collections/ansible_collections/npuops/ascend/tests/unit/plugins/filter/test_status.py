@@ -156,3 +156,121 @@ def test_status_reads_every_serving_engines_metrics_beside_the_token_probe():
     plan, _hv, _containers = setup(instances=2)
     targets = status.status_probe_targets(plan, "kimi-k3")
     assert [t["metrics"] for t in targets] == [["http://10.0.0.11:8000"], ["http://10.0.0.15:8000"]]
+
+
+def recorded(plan, hv, states):
+    """Each instance's record on its first host ({instance: (config, gate state)}), as instance_verdict reads it, and
+    the containers' specs that make those configurations."""
+    from ansible_collections.npuops.ascend.plugins.module_utils import verdict
+    for h in plan["hosts"]:
+        hv[h]["c"]["containers"]["vllm"]["spec"] = {"command": ["vllm", "serve", h], "image": "i"}
+    configs = status.instance_configs(plan, hv, _containers(plan, hv), "c")
+    for name, state in states.items():
+        doc = None
+        if state in (verdict.PASSED, verdict.FAILED):
+            doc = verdict.record(None, name, configs[name]["config"], "answers", state, "golden 0.00" if state ==
+                                 verdict.FAILED else "golden 100.0", "t1")
+        hv[status.verdict_hosts(plan)[name]]["v"] = {"record": doc or verdict.empty(name)}
+    return configs
+
+
+def _containers(plan, hv):
+    from ansible_collections.npuops.ascend.plugins.filter import serve as serve_filter
+    tier, model, opts = rendered("4node_dp", "kimi_k3_w4a8")
+    return serve_filter.serve_containers(plan, hv, tier, model, opts)
+
+
+def test_an_instance_that_answers_while_its_configuration_failed_its_gate_is_wrong_and_not_restarted():
+    plan, hv, containers = setup(instances=2)
+    configs = recorded(plan, hv, {"a": "failed", "b": "passed"})
+    assert configs["a"]["config"] != configs["b"]["config"] and configs["a"]["config"].startswith("cfg-")
+    assert configs["a"]["engines"]["node02"] == {"vllm": {"exists": True, "spec": {"command": ["vllm", "serve",
+                                                                                                 "node02"],
+                                                                                     "image": "i"}}}
+    gates = status.gate_states(configs, hv, "v", ["answers"], plan)
+    assert gates["a"]["state"] == "failed" and gates["b"]["state"] == "passed"
+    got = status.service_status(plan, hv, containers, "c", {"a": probe(), "b": probe()}, gates=gates)
+    assert not got["healthy"] and got["state"] == "degraded"
+    assert got["instances"]["a"]["state"] == "wrong"
+    assert got["instances"]["a"]["reason"].startswith("answers wrongly: its running configuration (cfg-")
+    assert got["instances"]["a"]["reason"].endswith("failed the answers gate at t1: golden 0.00")
+    assert got["summary"][1].startswith("b: healthy (node05, node06, node07, node08) - a token in 0.10s through ")
+    assert "; answers passed" in got["summary"][1]
+    assert status.unhealthy_groups(plan, got) == []  # a restart would not change what it answers
+    # down stays down whatever its verdict; all wrong: the service is wrong
+    got = status.service_status(plan, hv, containers, "c", {"a": probe(ok=False), "b": probe()}, gates=gates)
+    assert got["instances"]["a"]["state"] == "down" and status.unhealthy_groups(plan, got) == ["a/main"]
+    both = dict(gates, b=dict(gates["a"]))
+    assert status.service_status(plan, hv, containers, "c", {"a": probe(), "b": probe()}, gates=both)["state"] == \
+        "wrong"
+    # never measured (the stage skipped): said, not held against it
+    recorded(plan, hv, {"a": "not measured", "b": "passed"})
+    gates = status.gate_states(configs, hv, "v", ["answers"], plan)
+    got = status.service_status(plan, hv, containers, "c", {"a": probe(), "b": probe()}, gates=gates)
+    assert got["healthy"] and "; answers not measured" in got["summary"][0]
+    # a record that could not be read is named, and counts as never measured
+    hv["node01"]["v"] = {"failed": True, "msg": "instance a: /var/lib/npuops/verdicts/a.json is not a verdict record"}
+    gates = status.gate_states(configs, hv, "v", ["answers"], plan)
+    assert gates["a"]["state"] == "not measured" and gates["a"]["detail"] == (
+        "its verdicts on node01 could not be read (instance a: /var/lib/npuops/verdicts/a.json is not a verdict "
+        "record)")
+
+
+def test_one_decision_puts_an_instance_into_rotation_on_every_path():
+    """may serve: alive, and its running configuration passed every gate asked. Out of rotation and not proven: measured
+    first where the path measures, else left out with why; in rotation and failed: taken out."""
+    def state(s):
+        return {"state": s, "detail": "because %s" % s}
+    states = {"a": state("passed"), "b": state("failed"), "c": state("not measured"), "d": state("unknown"),
+              "e": state("failed"), "f": state("not measured"), "g": state("passed")}
+    rotation = {"a": "out", "b": "out", "c": "out", "d": "out", "e": "in", "f": "in", "g": "out"}
+    got = status.rotation_decisions(rotation, states, measure=True, alive={"g": False})
+    assert got["back"] == ["a"] and got["out"] == ["e"] and got["measure"] == ["b", "c", "d"]
+    assert got["kept_out"] == {"e": "because failed", "g": "it is down"}
+    assert got["lines"] == ["a: back into rotation (because passed)", "e: out of rotation: because failed",
+                            "b: measured before it may serve (because failed)",
+                            "c: measured before it may serve (because not measured)",
+                            "d: measured before it may serve (because unknown)", "g: stays out of rotation: it is down"]
+    got = status.rotation_decisions(rotation, states)
+    assert got["measure"] == [] and got["back"] == ["a", "g"]
+    assert got["kept_out"]["c"] == "because not measured" and got["kept_out"]["b"] == "because failed"
+    assert status.rotation_decisions({"a": "unknown"}, {"a": state("failed")})["out"] == []
+    assert status.may_serve("passed") and not status.may_serve("passed", alive=False)
+    assert not any(status.may_serve(s) for s in ("failed", "not measured", "unknown"))
+
+
+def test_what_a_measurement_proves_puts_back_or_keeps_out_with_the_gates_words():
+    decided = status.rotation_decisions({"a": "out", "b": "out", "c": "out"},
+                                        {n: {"state": "not measured", "detail": "never"} for n in "abc"}, measure=True)
+    got = status.rotation_measured(decided, {"instances": {"a": {"ok": True, "summary": "golden 100.0"},
+                                                          "b": {"ok": False, "summary": "golden score 0.00 is outside"}}})
+    assert got["back"] == ["a"] and got["measure"] == []
+    assert got["kept_out"] == {"b": "measured now: golden score 0.00 is outside", "c": "measured now: not measured"}
+    assert got["lines"][-3:] == ["a: measured now, back into rotation (golden 100.0)",
+                                 "b: stays out of rotation: measured now: golden score 0.00 is outside",
+                                 "c: stays out of rotation: measured now: not measured"]
+
+
+def test_an_instance_left_on_a_configuration_that_answers_wrongly_gets_the_last_that_passed():
+    plan, hv, _containers = setup(instances=2)
+    good = {"config": "cfg-good", "engines": {"node01": {"vllm": {"exists": True, "spec": {"command": ["g"]}}}},
+            "why": "the last configuration that passed its gates (cfg-good, at t1)"}
+    states = {"a": {"state": "not measured", "detail": "never", "config": "cfg-new", "last_good": good},
+              "b": {"state": "passed", "detail": "ok", "config": "cfg-b", "last_good": None}}
+    decided = status.rotation_decisions({"a": "out", "b": "in"}, states, measure=True)
+    assert decided["measure"] == ["a"] and decided["wrong"] == []
+    got = status.rotation_measured(decided, {"instances": {"a": {"ok": False, "judged": True,
+                                                                 "summary": "golden score 0.00 is outside"}}})
+    assert got["wrong"] == ["a: measured now: golden score 0.00 is outside"]
+    assert got["states"]["a"]["state"] == "failed"
+    restores = status.rotation_restores(got, plan)
+    assert restores == [{"instance": "a", "groups": ["a/main"], "hosts": ["node01", "node02", "node03", "node04"],
+                         "restore": good}]
+    # not judged (it did not answer): no verdict, so nothing is restored; it stays out
+    got = status.rotation_measured(decided, {"instances": {"a": {"ok": False, "judged": False, "summary": "timeout"}}})
+    assert status.rotation_restores(got, plan) == [] and got["wrong"] == [] and "a" in got["kept_out"]
+    # the last that passed is what runs: nothing to restore
+    same = dict(states, a=dict(states["a"], config="cfg-good"))
+    got = status.rotation_measured(status.rotation_decisions({"a": "out"}, same, measure=True),
+                                   {"instances": {"a": {"ok": False, "judged": True, "summary": "wrong"}}})
+    assert status.rotation_restores(got, plan) == []

@@ -102,3 +102,83 @@ def test_every_server_with_its_admin_state(fake):
     assert ha.servers(fake.path) == [
         {"backend": "be_service", "server": "a-1", "status": "DRAIN", "state": "drain", "sessions": 0},
         {"backend": "be_service", "server": "b-1", "status": "UP", "state": "ready", "sessions": 0}]
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _real_haproxy_config(d, port_a, front):
+    return "\n".join([
+        "global", "    master-worker", "    stats socket %s/admin.sock mode 600 level admin" % d,
+        "    server-state-file %s/state" % d, "defaults", "    mode http", "    load-server-state-from-file global",
+        "    timeout connect 1s", "    timeout client 5s", "    timeout server 5s",
+        "frontend f", "    bind 127.0.0.1:%d" % front, "    default_backend be_service", "backend be_service",
+        "    server a-1 127.0.0.1:%d" % port_a, "    server b-1 127.0.0.1:18702", ""])
+
+
+def test_a_drained_server_stays_out_across_a_reload_of_the_real_haproxy_and_a_moved_one_starts_ready():
+    """HAProxy 2.6 starts every server ready after a reload unless its server-state file says otherwise: the state
+    written before the reload keeps a drained server drained; a server whose port changed in the new configuration
+    starts from the configuration (HAProxy would apply the old port of its state line)."""
+    import shutil
+    import signal
+    import subprocess
+    import time
+    binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    assert os.path.exists(binary), "haproxy is installed by tools/setup.sh"
+    d = tempfile.mkdtemp(prefix="hap", dir="/tmp")  # a unix socket's path has at most 107 bytes
+    cfg = os.path.join(d, "haproxy.cfg")
+    front = _free_port()
+    with open(cfg, "w") as f:
+        f.write(_real_haproxy_config(d, 18701, front))
+    sock = os.path.join(d, "admin.sock")
+    master = subprocess.Popen([binary, "-W", "-f", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def states():
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    return dict((s["server"], s["state"]) for s in ha.servers(sock))
+                except ha.AdminError:
+                    time.sleep(0.1)
+            raise AssertionError("haproxy did not answer")
+
+        def reload():
+            before = states()
+            master.send_signal(signal.SIGUSR2)
+            time.sleep(1.0)  # the new worker takes over the socket
+            return before
+
+        assert states() == {"a-1": "ready", "b-1": "ready"}
+        ha.set_state(sock, "be_service", "a-1", "drain")
+        ha.set_state(sock, "be_service", "b-1", "maint")
+        keep = {("be_service", "a-1"): "127.0.0.1:18701", ("be_service", "b-1"): "127.0.0.1:18702"}
+        assert ha.save_server_state(sock, os.path.join(d, "state"), keep) == 2
+        assert oct(os.stat(os.path.join(d, "state")).st_mode & 0o777) == "0o600"
+        reload()
+        assert states() == {"a-1": "drain", "b-1": "maint"}
+        # without the file the reload would have put both back (what the rotation must never let happen)
+        os.unlink(os.path.join(d, "state"))
+        reload()
+        assert states() == {"a-1": "ready", "b-1": "ready"}
+        # a-1 moves to another port: its old line is dropped, b-1's kept
+        ha.set_state(sock, "be_service", "a-1", "drain")
+        ha.set_state(sock, "be_service", "b-1", "drain")
+        with open(cfg, "w") as f:
+            f.write(_real_haproxy_config(d, 18711, front))
+        moved = dict(keep)
+        moved[("be_service", "a-1")] = "127.0.0.1:18711"
+        assert ha.save_server_state(sock, os.path.join(d, "state"), moved) == 1
+        reload()
+        assert states() == {"a-1": "ready", "b-1": "drain"}
+        addresses = ha.command(sock, "show servers state")
+        assert " a-1 127.0.0.1 " in addresses and " 18711 " in addresses
+    finally:
+        master.terminate()
+        master.wait(10)
+        shutil.rmtree(d, ignore_errors=True)
