@@ -71,7 +71,8 @@ def test_the_command_line_prints_the_findings_as_json(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert [f["cause"] for f in out] == ["nic_or_ip_wrong", "other"]
-    assert set(out[0]) == {"cause", "fix", "evidence", "host", "rank", "time"}
+    assert set(out[0]) == {"cause", "fix", "evidence", "host", "rank", "time", "confidence", "certainty"}
+    assert out[0]["confidence"] == 0.9 and out[0]["certainty"] == "high"
     assert out[0]["rank"] == "DP2" and out[0]["time"].endswith("01:02:09.000Z") and "npuops_nic" in out[0]["fix"]
     assert "Unable to find interface for: [enp189s0f9]" in out[0]["evidence"]
 
@@ -266,7 +267,7 @@ def test_chips_whose_health_is_not_ok_become_lines_the_signatures_read(signature
     lines = diagnose.chip_health_lines("\n".join(rows))
     assert lines == ["npu-smi info: NPU 1 chip 1 (phy 3) health Alarm"]
     found = diagnose.analyze(diagnose.lines_of("2026-12-05T01:00:00Z " + lines[0], host="node02"), signatures)
-    assert found[0]["cause"] == "other" and "npu-smi info -t health -i 1 -c 1" in found[0]["fix"].replace(
+    assert found[0]["cause"] == "npu_device_fault" and "npu-smi info -t health -i 1 -c 1" in found[0]["fix"].replace(
         "<card>", "1").replace("<chip>", "1") and found[0]["host"] == "node02"
 
 
