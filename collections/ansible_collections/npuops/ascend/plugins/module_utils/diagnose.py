@@ -310,7 +310,7 @@ def match(lines, signatures):
                 found = []
                 for p in s["patterns"]:
                     for m in p.finditer(text):
-                        row = family_row(s, m.group(1))
+                        row = family_row(s, m.group(1)) if m.group(1) else s["fallback"]
                         if row not in found:
                             found.append(row)
                 hits.extend((row, line) for row in found)
@@ -323,13 +323,14 @@ def match(lines, signatures):
 
 # what a writer puts before its message: an RFC 3339 time (logs --timestamps), a vLLM process tag and header
 # ("(EngineCore_DP0 pid=7) ERROR 12-05 01:02:03 [core.py:700] "), a CANN header ("[ERROR] HCCL(1,python3):2026-...")
-PREFIX = re.compile(r"^\s*(?:\d{4}-\d\d-\d\d[T ][\d:.,]+(?:Z|[+-]\d\d:?\d\d)?\s+)?(?:\([\w. =-]+\)\s+)?"
+PREFIX = re.compile(r"^\s*(?:\d{4}-\d\d-\d\d[T ][\d:.,]+(?:Z|[+-]\d\d:?\d\d)?\s+)?(?:\[rank\d+\]:\s?)?"
+                    r"(?:\([\w. =-]+\)\s+)?"
                     r"(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\s+\d\d-\d\d [\d:.]+\s+\[[^\]]*\]\s?)?")
 LEVEL = re.compile(r"(?:^|[\s(\[])(?:ERROR|CRITICAL|FATAL)(?:[\s:\]]|$)|\[E\]|\bE[0-9A-Z]\d{4}[:\s]|\bERR\d{5}\b")
 EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Fault)\b(?::|\s*$)"
                        r"|^(?:torch\.)?(?:OutOfMemoryError|DistNetworkError|DistStoreError)\b")
 FATAL = re.compile(r"Traceback \(most recent call last\)|exited with (?:exit )?code [1-9]|Segmentation fault|"
-                   r"core dumped|\bKilled\b|\bAborted\b|Fatal Python error")
+                   r"core dumped|\bKilled\b|\bAborted\b|Fatal Python error|(?:^|[\s:])[A-Z]\w*(?:Error|Exception): \S")
 
 
 def body(text):
@@ -381,6 +382,15 @@ def first_error(lines, skip=()):
                 i = _traceback_end(lines, i)
             return lines[i]
     return None
+
+
+CODE_LINE = re.compile(r"^\s*(?:raise |File \"|return |assert |\^|~)")
+
+
+def _evidence_key(line):
+    """Of two lines a signature matched, the better evidence: a logged message before a line of a traceback's
+    source code (`raise ValueError("...")`), then the earlier."""
+    return (bool(CODE_LINE.match(body(line["text"]))), _order(line))
 
 
 def _order(line):
@@ -520,7 +530,7 @@ def analyze(lines, signatures, facts=None, limit=20):
         if _order(line) < _order(entry["first"]):
             entry["first"] = line
         if s["weight"] > entry["sig"]["weight"] or (s["weight"] == entry["sig"]["weight"] and
-                                                   _order(line) < _order(entry["line"])):
+                                                   _evidence_key(line) < _evidence_key(entry["line"])):
             entry.update(sig=s, line=line)
     findings = [_finding(c, e["sig"], e["line"], e["first"], e["hosts"], facts) for c, e in by_cause.items()]
     for f in findings:
