@@ -322,15 +322,23 @@ def match(lines, signatures):
 # ------------------------------------------------------------------------------------------------- error lines
 
 # what a writer puts before its message: an RFC 3339 time (logs --timestamps), a vLLM process tag and header
-# ("(EngineCore_DP0 pid=7) ERROR 12-05 01:02:03 [core.py:700] "), a CANN header ("[ERROR] HCCL(1,python3):2026-...")
+# ("(EngineCore_DP0 pid=7) ERROR 12-05 01:02:03 [core.py:700] ", before 0.8 "ERROR 12-05 01:02:03 core.py:700] "), a
+# CANN header ("[ERROR] HCCL(1,python3):2026-...")
 PREFIX = re.compile(r"^\s*(?:\d{4}-\d\d-\d\d[T ][\d:.,]+(?:Z|[+-]\d\d:?\d\d)?\s+)?(?:\[rank\d+\]:\s?)?"
                     r"(?:\([\w. =-]+\)\s+)?"
-                    r"(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\s+\d\d-\d\d [\d:.]+\s+\[[^\]]*\]\s?)?")
-LEVEL = re.compile(r"(?:^|[\s(\[])(?:ERROR|CRITICAL|FATAL)(?:[\s:\]]|$)|\[E\]|\bE[0-9A-Z]\d{4}[:\s]|\bERR\d{5}\b")
+                    r"(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\s+\d\d-\d\d [\d:.]+\s+"
+                    r"(?:\[[^\]]*\]|[\w.]+:\d+\])\s?)?")
+# an error level: a logger's, CANN's codes, torch_npu's ERRnnnnn, and c10's / glog's "[E1205 01:02:03.123 file:1]"
+LEVEL = re.compile(r"(?:^|[\s(\[])(?:ERROR|CRITICAL|FATAL)(?:[\s:\]]|$)|\[E\]|\bE[0-9A-Z]\d{4}[:\s]|\bERR\d{5}\b"
+                   r"|\[E\d{3,4} \d\d:\d\d:\d\d")
 EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Fault)\b(?::|\s*$)"
                        r"|^(?:torch\.)?(?:OutOfMemoryError|DistNetworkError|DistStoreError)\b")
+# a failure in words: a traceback, a process that died (SIGSEGV, SIGBUS, SIGKILL, abort), an exception, a library's
+# "CANN error" / "NPU error", a C++ caller's "Failed to ..." or "XxxYyy fail, ret: 0x9"
 FATAL = re.compile(r"Traceback \(most recent call last\)|exited with (?:exit )?code [1-9]|Segmentation fault|"
-                   r"core dumped|\bKilled\b|\bAborted\b|Fatal Python error|(?:^|[\s:])[A-Z]\w*(?:Error|Exception): \S")
+                   r"core dumped|\bKilled\b|\bAborted\b|\bBus error\b|(?i:Fatal Python error)|"
+                   r"(?:^|[\s:])(?:[A-Z]\w*)?(?:Error|Exception): \S|\b(?:CANN|NPU|ACL|HCCL|CUDA|NCCL) error\b|"
+                   r"^(?:Failed|Unable) to \w|\bfail(?:ed)?, ret(?:code)?\s*[:=]")
 
 
 def body(text):
@@ -356,12 +364,18 @@ def _traceback_end(lines, i, limit=400):
         if (line["host"], line["source"]) != (first["host"], first["source"]) or (
                 first["rank"] and line["rank"] and line["rank"] != first["rank"]):
             continue
-        rest = body(line["text"])
-        stripped = rest.strip()
-        if not stripped or rest[:1].isspace() or stripped.startswith(("File \"", "^", "~", "Traceback")):
+        stripped = body(line["text"]).strip()
+        if not stripped or _indented(line["text"]) or stripped.startswith(("File \"", "^", "~", "Traceback")):
             continue
         return j
     return i
+
+
+def _indented(text):
+    """Is the line's message indented (a traceback's source line): its first character after the writer's prefix, or
+    the line's own first character where there is no prefix."""
+    m = PREFIX.match(text)
+    return (text[m.end():] if m.group(0).strip() else text)[:1].isspace()
 
 
 def first_error(lines, skip=()):
@@ -378,8 +392,9 @@ def first_error(lines, skip=()):
                 firsts[key] = i
         if firsts:
             i = min(firsts.values(), key=lambda n: _order(lines[n]))
-            if "Traceback (most recent call last)" in lines[i]["text"]:
-                i = _traceback_end(lines, i)
+            text = lines[i]["text"]
+            if "Traceback (most recent call last)" in text or _indented(text) or CODE_LINE.match(body(text)):
+                i = _traceback_end(lines, i)  # a traceback, or a line of one: its exception
             return lines[i]
     return None
 
