@@ -310,7 +310,8 @@ def match(lines, signatures):
                 found = []
                 for p in s["patterns"]:
                     for m in p.finditer(text):
-                        row = family_row(s, m.group(1)) if m.group(1) else s["fallback"]
+                        code = next((g for g in m.groups() if g), None)  # the first group that took part
+                        row = family_row(s, code) if code else s["fallback"]
                         if row not in found:
                             found.append(row)
                 hits.extend((row, line) for row in found)
@@ -349,9 +350,11 @@ def body(text):
 def is_error(text):
     """Does the line report an error: an ERROR / CRITICAL level, a CANN or torch_npu code, an exception, a traceback,
     a process that died."""
-    rest = body(text)
-    if re.match(r"\s*(?:WARNING|WARN|INFO|DEBUG)\b", rest) or re.search(r"\[(?:W|WARNING|INFO|I)\]", rest[:40]):
-        return bool(EXCEPTION.match(rest.strip()))
+    head = PREFIX.match(text)
+    rest = text[head.end():]
+    if (re.search(r"\b(?:WARNING|WARN|INFO|DEBUG)\b", head.group(0)) or re.match(r"\s*(?:WARNING|WARN|INFO|DEBUG)\b", rest)
+            or re.search(r"\[(?:W|WARNING|INFO|I)\]", rest[:40])):
+        return bool(EXCEPTION.match(rest.strip()))  # a warning or note reports an error only as an exception
     return bool(LEVEL.search(text[:200]) or EXCEPTION.match(rest.strip()) or FATAL.search(rest))
 
 
@@ -578,6 +581,7 @@ def _finding(cause, s, line, first, hosts, facts):
 
 
 OTHER_FALLBACK = 30  # the weight of `other` when only the first error line speaks
+OTHER_MAX = 55  # `other` never claims more than low confidence: it names no cause
 
 
 def _other(lines, others, findings, signatures, causes):
@@ -595,7 +599,7 @@ def _other(lines, others, findings, signatures, causes):
     s = max(on_line, key=lambda x: x["weight"]) if on_line else {
         "id": "first_error_line", "kind": "cause", "weight": OTHER_FALLBACK, "source": "the log's first error",
         "fix": " ".join(causes["other"]["fix"].split()), "code": None}
-    weight = min(s["weight"], 55)  # `other` never claims more than low confidence: it names no cause
+    weight = min(s["weight"], OTHER_MAX)
     hosts = {}
     for _s, ln in others:
         if ln["host"] is not None:
