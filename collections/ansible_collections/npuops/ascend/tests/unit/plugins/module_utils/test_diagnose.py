@@ -435,3 +435,21 @@ def test_the_filter_prints_ascend_fd_verdicts_next_to_the_findings():
     assert "ascend-fd on node01: AISW_CANN_HCCL_01 HCCL建链超时 (worker-0 device-3) at 2026-12-05 01:00:40.1" in got["lines"]
     assert "   suggestion: 检查网络" in got["lines"]
     assert "ascend-fd on node02: budget spent before ascend-fd ran" in got["lines"]
+
+
+def test_the_filter_prints_how_sure_each_cause_is_ties_and_the_nearest_causes_of_an_unknown_error():
+    from ansible_collections.npuops.ascend.plugins.filter.diagnose import diagnose_findings
+    hostvars = {
+        "node01": {"r": collected(1000.0, "2026-12-05T01:00:01Z ERROR RuntimeError: HCCL_BUFFSIZE is too SMALL\n"
+                                          "2026-12-05T01:00:02Z ERROR OSError: [Errno 28] No space left on device: "
+                                          "'/dev/shm/psm_1'\n")},
+        "node02": {"r": collected(1000.0, "2026-12-05T01:00:00Z (Worker_TP1 pid=2) ERROR 12-05 01:00:00 [w.py:1] "
+                                          "ValueError: the cache of the weight shards has a strange layout\n")}}
+    got = diagnose_findings(hostvars, ["node01"], "r")
+    assert [f["cause"] for f in got["findings"]] == ["hccl_buffsize", "shm_too_small"]
+    assert got["lines"][0] == ("1. hccl_buffsize - first on node01 at 2026-12-05T01:00:01.000Z - confidence 0.88 "
+                               "(high), tied with shm_too_small")
+    assert all("weight" not in f and f["certainty"] == "high" for f in got["findings"])
+    got = diagnose_findings(hostvars, ["node02"], "r")
+    assert got["lines"][0] == "1. other - first on node02 rank TP1 at 2026-12-05T01:00:00.000Z - confidence 0.30 (low)"
+    assert got["lines"][2].startswith("   nearest causes: ") and got["findings"][0]["candidates"]
