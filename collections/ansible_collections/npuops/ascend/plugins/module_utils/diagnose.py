@@ -100,17 +100,25 @@ def _check(where, name, s):
         raise DiagnoseError("%s: signature %s: weight %r is not a whole number from 1 to 100" % (where, name, weight))
 
 
-def compile_signatures(items, where="signatures"):
-    out, seen = [], set()
-    for i, s in enumerate(items):
-        name = s.get("id") or "#%d" % i
+def _each_named(items, where, what, required):
+    """-> (name, item) for each item of a list of the data, its name its id (else its place); DiagnoseError naming an
+    item whose name appears twice or that lacks a required key."""
+    seen = set()
+    for i, item in enumerate(items):
+        name = item.get("id") or "#%d" % i
         if name in seen:
-            raise DiagnoseError("%s: signature %s appears twice" % (where, name))
+            raise DiagnoseError("%s: %s %s appears twice" % (where, what, name))
         seen.add(name)
+        for key in required:
+            if not item.get(key):
+                raise DiagnoseError("%s: %s %s has no %s" % (where, what, name, key))
+        yield name, item
+
+
+def compile_signatures(items, where="signatures"):
+    out = []
+    for name, s in _each_named(items, where, "signature", ("patterns", "fix", "source")):
         _check(where, name, s)
-        for key in ("patterns", "fix", "source"):
-            if not s.get(key):
-                raise DiagnoseError("%s: signature %s has no %s" % (where, name, key))
         try:
             patterns = [re.compile(p, re.I) for p in s["patterns"]]
             unless = [re.compile(p, re.I) for p in s.get("unless") or []]
@@ -129,15 +137,8 @@ def compile_families(items, causes, where="codes"):
     """codes.yml's families -> one matching entry per family: its patterns (group 1 the code), its rows by code (and
     by the name a row also goes by), its wildcard rows (ERR**005), its prefix ranges and its fallback - each row a
     signature of its own (id the code, its cause, weight, kind, fix, source)."""
-    out, seen = [], set()
-    for i, fam in enumerate(items):
-        fid = fam.get("id") or "#%d" % i
-        if fid in seen:
-            raise DiagnoseError("%s: family %s appears twice" % (where, fid))
-        seen.add(fid)
-        for key in ("match", "cause", "source"):
-            if not fam.get(key):
-                raise DiagnoseError("%s: family %s has no %s" % (where, fid, key))
+    out = []
+    for fid, fam in _each_named(items, where, "family", ("match", "cause", "source")):
         try:
             patterns = [re.compile(p, re.I) for p in fam["match"]]
         except re.error as e:
