@@ -1,4 +1,4 @@
-"""docs/diagnose.md is what the signatures say (tools/render_diagnose_doc.py writes it)."""
+"""docs/diagnose.md is what the diagnosis' data and its corpus say (tools/render_diagnose_doc.py writes it)."""
 import os
 import subprocess
 import sys
@@ -19,3 +19,19 @@ def test_the_diagnose_document_lists_every_signature_with_its_source():
     for s in items:
         assert "### `%s` - %s" % (s["id"], s["cause"]) in doc and s["source"] in doc, s["id"]
     assert "python -m ansible_collections.npuops.ascend.plugins.module_utils.diagnose" in doc
+    with open(os.path.join(REPO, "collections/ansible_collections/npuops/ascend/data/diagnose/codes.yml")) as f:
+        families = yaml.safe_load(f)["families"]
+    for fam in families:
+        assert "### `%s`" % fam["id"] in doc and fam["source"] in doc, fam["id"]
+        for row in fam.get("rows") or []:
+            assert "| `%s`" % row["code"] in doc, (fam["id"], row["code"])
+
+
+def test_the_diagnose_document_gives_the_first_score_of_the_excerpts_collected_last_beside_today_s():
+    with open(os.path.join(REPO, "collections/ansible_collections/npuops/ascend/tests/unit/plugins/module_utils/"
+                                 "fixtures/diagnose/measurement.yml")) as f:
+        first = yaml.safe_load(f)["first_score_last"]
+    with open(os.path.join(REPO, "docs", "diagnose.md")) as f:
+        doc = f.read()
+    assert "first score: %d of %d" % (first["right"], first["of"]) in doc
+    assert "at commit %s" % first["commit"] in doc and "); today: " in doc

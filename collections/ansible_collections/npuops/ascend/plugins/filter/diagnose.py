@@ -2,7 +2,8 @@
 # Copyright: npuops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """diagnose_findings: what every host's diagnose_collect read -> the causes, ordered by likelihood, with the hosts,
-ranks, evidence and fix (plugins/module_utils/diagnose.py does the matching; data/diagnose/signatures.yml)."""
+ranks, evidence, fix and confidence (plugins/module_utils/diagnose.py does the matching over data/diagnose/: the
+messages of signatures.yml and the error codes of codes.yml)."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -26,9 +27,9 @@ def signatures():
 
 
 def diagnose_findings(hostvars, hosts, key, limit=10):
-    """-> {findings: [{cause, fix, evidence, host, rank, time, hosts, signature, reference}], offsets: {host: s},
-    unread: [host: why], ascend_fd: {host: MindCluster FaultDiag's verdicts or error, where it ran}, lines: [what to
-    print]}."""
+    """-> {findings: [{cause, fix, evidence, host, rank, time, hosts, signature, reference, confidence, certainty,
+    kind, code, source} (+ candidates for `other`, tied where causes tie)], offsets: {host: s}, unread: [host: why],
+    ascend_fd: {host: MindCluster FaultDiag's verdicts or error, where it ran}, lines: [what to print]}."""
     collected, unread = {}, []
     for h in hosts:
         r = hostvar(hostvars, h, key)
@@ -48,12 +49,16 @@ def diagnose_findings(hostvars, hosts, key, limit=10):
         if f["rank"]:
             where += " rank %s" % f["rank"]
         others = [h for h in f["hosts"] if h != f["host"]]
-        lines.append("%d. %s - first on %s at %s%s" % (i, f["cause"], where, f["time"] or "?",
-                                                       (" (also %s)" % ", ".join(others)) if others else ""))
+        lines.append("%d. %s - first on %s at %s%s - confidence %.2f (%s)%s" % (
+            i, f["cause"], where, f["time"] or "?", (" (also %s)" % ", ".join(others)) if others else "",
+            f["confidence"], f["certainty"], (", tied with %s" % ", ".join(f["tied"])) if f.get("tied") else ""))
         lines.append("   evidence: %s" % f["evidence"][:300])
+        if f.get("candidates"):
+            lines.append("   nearest causes: %s" % ", ".join("%s %.2f" % (c["cause"], c["score"])
+                                                             for c in f["candidates"]))
         lines.append("   fix: %s" % f["fix"])
     if not findings:
-        lines.append("no known signature in the logs of %s; read them with playbooks/logs.yml" % ", ".join(
+        lines.append("no error line in the logs of %s; read them with playbooks/logs.yml" % ", ".join(
             sorted(collected)) if collected else "nothing could be read")
     skewed = sorted("%s %+.1fs" % (h, o) for h, o in offsets.items() if abs(o) >= 1.0)
     if skewed:

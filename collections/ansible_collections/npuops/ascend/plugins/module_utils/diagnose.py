@@ -33,9 +33,16 @@ import time
 CAUSES = ("hccl_connect_timeout", "hccl_exec_timeout", "port_in_use", "nic_or_ip_wrong", "tls_mismatch", "rank_table",
           "npu_oom_load", "kv_cache_oom", "hccl_buffsize", "shm_too_small", "driver_cann_mismatch", "hccn_conf_missing",
           "visible_devices", "kv_transfer", "dp_master_unreachable", "version_incompatible", "parser_or_tokenizer",
-          "model_path", "garbled_output", "kv_pool", "other")
-SIGNATURES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data",
-                          "diagnose", "signatures.yml")
+          "model_path", "model_unsupported", "config_invalid", "garbled_output", "kv_pool", "operator_error",
+          "npu_device_fault", "device_link_down", "host_oom", "other")
+# what a line is to the failure: its cause, a wait on a peer that failed (an HCCL or store timeout: it names a cause only
+# when nothing failed before it), or a consequence every failure prints (a worker dying after another, a shutdown)
+KINDS = ("cause", "wait", "consequence")
+HIGH, MEDIUM = 0.8, 0.6  # confidence of a finding: high at or above HIGH, medium at or above MEDIUM, else low
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "diagnose")
+SIGNATURES = os.path.join(DATA, "signatures.yml")
+CODES = os.path.join(DATA, "codes.yml")
+CAUSES_FILE = os.path.join(DATA, "causes.yml")
 MAX_LINE = 2000  # a line longer than this is cut (a dumped tensor, a base64 blob)
 
 
@@ -43,40 +50,150 @@ class DiagnoseError(Exception):
     pass
 
 
+class Knowledge(list):
+    """The signatures and code families in matching order (a list, as the callers pass it), with the causes'
+    descriptions (causes.yml) the fallback and the nearest causes read."""
+    causes = None
+
+
 # ------------------------------------------------------------------------------------------------- signatures
 
-def load_signatures(path=SIGNATURES):
-    """The signatures as data -> [{id, cause, patterns (compiled), weight, fix, source, ...}]; DiagnoseError naming
-    the signature when one is malformed."""
+def _read_yaml(path):
     import yaml  # the controller's (Ansible's) PyYAML; the nodes never load signatures
     try:
         with open(path) as f:
-            doc = yaml.safe_load(f)
+            return yaml.safe_load(f) or {}
     except (OSError, yaml.YAMLError) as e:
         raise DiagnoseError("%s: %s" % (path, e))
-    return compile_signatures((doc or {}).get("signatures") or [], path)
+
+
+def load_causes(path=CAUSES_FILE):
+    """causes.yml -> {cause: {means, fix}} for every cause of CAUSES; DiagnoseError naming what is missing."""
+    causes = _read_yaml(path).get("causes") or {}
+    missing = [c for c in CAUSES if not (causes.get(c) or {}).get("fix")]
+    unknown = sorted(set(causes) - set(CAUSES))
+    if missing or unknown:
+        raise DiagnoseError("%s: causes without a fix: %s; causes not in diagnose.CAUSES: %s" % (
+            path, ", ".join(missing) or "none", ", ".join(unknown) or "none"))
+    return causes
+
+
+def load_signatures(path=SIGNATURES, codes=CODES, causes=CAUSES_FILE):
+    """The signatures (signatures.yml) then the code families (codes.yml) as data -> a Knowledge list of compiled
+    entries; DiagnoseError naming the signature, family or row that is malformed."""
+    described = load_causes(causes)
+    out = Knowledge(compile_signatures(_read_yaml(path).get("signatures") or [], path))
+    out.extend(compile_families(_read_yaml(codes).get("families") or [], described, codes) if codes else [])
+    out.causes = described
+    return out
+
+
+def _check(where, name, s):
+    if s.get("cause") not in CAUSES:
+        raise DiagnoseError("%s: signature %s: cause %r is not one of %s" % (where, name, s.get("cause"),
+                                                                             ", ".join(CAUSES)))
+    if s.get("kind", "cause") not in KINDS:
+        raise DiagnoseError("%s: signature %s: kind %r is not one of %s" % (where, name, s.get("kind"),
+                                                                            ", ".join(KINDS)))
+    weight = s.get("weight", 50)
+    if not isinstance(weight, int) or not 0 < weight <= 100:
+        raise DiagnoseError("%s: signature %s: weight %r is not a whole number from 1 to 100" % (where, name, weight))
+
+
+def _each_named(items, where, what, required):
+    """-> (name, item) for each item of a list of the data, its name its id (else its place); DiagnoseError naming an
+    item whose name appears twice or that lacks a required key."""
+    seen = set()
+    for i, item in enumerate(items):
+        name = item.get("id") or "#%d" % i
+        if name in seen:
+            raise DiagnoseError("%s: %s %s appears twice" % (where, what, name))
+        seen.add(name)
+        for key in required:
+            if not item.get(key):
+                raise DiagnoseError("%s: %s %s has no %s" % (where, what, name, key))
+        yield name, item
 
 
 def compile_signatures(items, where="signatures"):
-    out, seen = [], set()
-    for i, s in enumerate(items):
-        name = s.get("id") or "#%d" % i
-        if name in seen:
-            raise DiagnoseError("%s: signature %s appears twice" % (where, name))
-        seen.add(name)
-        if s.get("cause") not in CAUSES:
-            raise DiagnoseError("%s: signature %s: cause %r is not one of %s" % (where, name, s.get("cause"),
-                                                                                 ", ".join(CAUSES)))
-        for key in ("patterns", "fix", "source"):
-            if not s.get(key):
-                raise DiagnoseError("%s: signature %s has no %s" % (where, name, key))
+    out = []
+    for name, s in _each_named(items, where, "signature", ("patterns", "fix", "source")):
+        _check(where, name, s)
         try:
             patterns = [re.compile(p, re.I) for p in s["patterns"]]
             unless = [re.compile(p, re.I) for p in s.get("unless") or []]
         except re.error as e:
             raise DiagnoseError("%s: signature %s: %s" % (where, name, e))
-        out.append(dict(s, id=name, patterns=patterns, unless=unless, weight=int(s.get("weight", 50))))
+        out.append(dict(s, id=name, patterns=patterns, unless=unless, weight=int(s.get("weight", 50)),
+                        kind=s.get("kind", "cause")))
     return out
+
+
+def _key(text):
+    return " ".join(str(text).split()).rstrip(".").upper()
+
+
+def compile_families(items, causes, where="codes"):
+    """codes.yml's families -> one matching entry per family: its patterns (group 1 the code), its rows by code (and
+    by the name a row also goes by), its wildcard rows (ERR**005), its prefix ranges and its fallback - each row a
+    signature of its own (id the code, its cause, weight, kind, fix, source)."""
+    out = []
+    for fid, fam in _each_named(items, where, "family", ("match", "cause", "source")):
+        try:
+            patterns = [re.compile(p, re.I) for p in fam["match"]]
+        except re.error as e:
+            raise DiagnoseError("%s: family %s: %s" % (where, fid, e))
+        if any(p.groups < 1 for p in patterns):
+            raise DiagnoseError("%s: family %s: every match needs a group for the code" % (where, fid))
+
+        def row_sig(row, label, weight_default):
+            cause = row.get("cause", fam["cause"])
+            sig = {"id": label, "cause": cause, "weight": int(row.get("weight", weight_default)),
+                   "kind": row.get("kind") or "cause", "family": fid, "code": row.get("code"),
+                   "means": row.get("means") or "", "source": row.get("source") or fam["source"],
+                   "fix": " ".join(str(row.get("fix") or (causes.get(cause) or {}).get("fix") or "").split())}
+            _check(where, "%s/%s" % (fid, label), sig)
+            return sig
+
+        fallback = row_sig({"cause": fam["cause"], "means": "a code of this family that no row names",
+                            "weight": fam.get("weight", 40)}, "%s:unknown" % fid, 40)
+        rows, wild, ranges = {}, [], []
+        for row in fam.get("rows") or []:
+            code = str(row.get("code") or "")
+            if not code:
+                raise DiagnoseError("%s: family %s has a row without a code" % (where, fid))
+            sig = row_sig(row, code, 50)
+            if "*" in code:
+                wild.append((re.compile("^" + re.escape(_key(code)).replace(r"\*", r"\d") + "$"), sig))
+            elif _key(code) in rows:
+                raise DiagnoseError("%s: family %s: code %s appears twice" % (where, fid, code))
+            else:
+                rows[_key(code)] = sig
+            if row.get("name"):
+                rows.setdefault(_key(row["name"]), sig)
+        for r in fam.get("ranges") or []:
+            ranges.append((str(r["prefix"]), row_sig(dict(r, code="%s..." % r["prefix"]), "%s:%s..." % (fid, r["prefix"]),
+                                                     fam.get("weight", 40))))
+        ranges.sort(key=lambda x: -len(x[0]))
+        out.append({"id": fid, "kind": "family", "cause": fam["cause"], "weight": int(fam.get("weight", 40)),
+                    "name": fam.get("name") or fid, "source": fam["source"], "patterns": patterns, "unless": [],
+                    "rows": rows, "wild": wild, "ranges": ranges, "fallback": fallback,
+                    "fix": fallback["fix"]})
+    return out
+
+
+def family_row(family, code):
+    """The row a code of this family names: its own, a wildcard one, its prefix range's, else the family's."""
+    key = _key(code)
+    if key in family["rows"]:
+        return family["rows"][key]
+    for rx, sig in family["wild"]:
+        if rx.match(key):
+            return sig
+    for prefix, sig in family["ranges"]:
+        if key.startswith(prefix.upper()):
+            return sig
+    return family["fallback"]
 
 
 # ------------------------------------------------------------------------------------------------- lines
@@ -166,15 +283,215 @@ def iso(seconds):
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + ".%03dZ" % (ms % 1000)
 
 
+def _prefilter(signatures):
+    """One expression any pattern of any signature or family matches: a line it misses is read no further."""
+    cached = getattr(signatures, "_prefilter", None)
+    if cached is not None:
+        return cached
+    parts = ["(?:%s)" % p.pattern for s in signatures for p in s["patterns"]]
+    rx = re.compile("|".join(parts), re.I) if parts else re.compile(r"(?!x)x")
+    try:
+        signatures._prefilter = rx
+    except AttributeError:  # a plain list (tests): compiled per call
+        pass
+    return rx
+
+
 def match(lines, signatures):
-    """-> [(signature, line)] for every line a signature matches (its `unless` patterns not matching the line)."""
+    """-> [(signature, line)] for every line a signature matches (its `unless` patterns not matching the line); a
+    code family gives the signature of the row each code on the line names."""
     hits = []
+    pre = _prefilter(signatures)
     for line in lines:
         text = line["text"]
+        if not pre.search(text):
+            continue
         for s in signatures:
-            if any(p.search(text) for p in s["patterns"]) and not any(u.search(text) for u in s["unless"]):
+            if s["kind"] == "family":
+                found = []
+                for p in s["patterns"]:
+                    for m in p.finditer(text):
+                        code = next((g for g in m.groups() if g), None)  # the first group that took part
+                        row = family_row(s, code) if code else s["fallback"]
+                        if row not in found:
+                            found.append(row)
+                hits.extend((row, line) for row in found)
+            elif any(p.search(text) for p in s["patterns"]) and not any(u.search(text) for u in s["unless"]):
                 hits.append((s, line))
     return hits
+
+
+# ------------------------------------------------------------------------------------------------- error lines
+
+# what a writer puts before its message: an RFC 3339 time (logs --timestamps), a vLLM process tag and header
+# ("(EngineCore_DP0 pid=7) ERROR 12-05 01:02:03 [core.py:700] ", before 0.8 "ERROR 12-05 01:02:03 core.py:700] "), a
+# CANN header ("[ERROR] HCCL(1,python3):2026-...")
+PREFIX = re.compile(r"^\s*(?:\d{4}-\d\d-\d\d[T ][\d:.,]+(?:Z|[+-]\d\d:?\d\d)?\s+)?(?:\[rank\d+\]:\s?)?"
+                    r"(?:\([\w. =-]+\)\s+)?"
+                    r"(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\s+\d\d-\d\d [\d:.]+\s+"
+                    r"(?:\[[^\]]*\]|[\w.]+:\d+\])\s?)?")
+# an error level: a logger's, CANN's codes, torch_npu's ERRnnnnn, and c10's / glog's "[E1205 01:02:03.123 file:1]"
+LEVEL = re.compile(r"(?:^|[\s(\[])(?:ERROR|CRITICAL|FATAL)(?:[\s:\]]|$)|\[E\]|\bE[0-9A-Z]\d{4}[:\s]|\bERR\d{5}\b"
+                   r"|\[E\d{3,4} \d\d:\d\d:\d\d")
+EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Fault)\b(?::|\s*$)"
+                       r"|^(?:torch\.)?(?:OutOfMemoryError|DistNetworkError|DistStoreError)\b")
+# a failure in words: a traceback, a process that died (SIGSEGV, SIGBUS, SIGKILL, abort), an exception, a library's
+# "CANN error" / "NPU error", a C++ caller's "Failed to ..." or "XxxYyy fail, ret: 0x9"
+FATAL = re.compile(r"Traceback \(most recent call last\)|exited with (?:exit )?code [1-9]|Segmentation fault|"
+                   r"core dumped|\bKilled\b|\bAborted\b|\bBus error\b|(?i:Fatal Python error)|"
+                   r"(?:^|[\s:])(?:[A-Z]\w*)?(?:Error|Exception): \S|\b(?:CANN|NPU|ACL|HCCL|CUDA|NCCL) error\b|"
+                   r"^(?:Failed|Unable) to \w|\bfail(?:ed)?, ret(?:code)?\s*[:=]")
+
+
+def body(text):
+    """A line without its writer's prefix (time, process tag, level header)."""
+    return PREFIX.sub("", text, count=1)
+
+
+def is_error(text):
+    """Does the line report an error: an ERROR / CRITICAL level, a CANN or torch_npu code, an exception, a traceback,
+    a process that died."""
+    head = PREFIX.match(text)
+    rest = text[head.end():]
+    if (re.search(r"\b(?:WARNING|WARN|INFO|DEBUG)\b", head.group(0)) or re.match(r"\s*(?:WARNING|WARN|INFO|DEBUG)\b", rest)
+            or re.search(r"\[(?:W|WARNING|INFO|I)\]", rest[:40])):
+        return bool(EXCEPTION.match(rest.strip()))  # a warning or note reports an error only as an exception
+    return bool(LEVEL.search(text[:200]) or EXCEPTION.match(rest.strip()) or FATAL.search(rest))
+
+
+def _traceback_end(lines, i, limit=400):
+    """lines[i] opens a traceback: -> the index of its last line (the exception), looking at the lines of the same
+    host, source and rank that follow."""
+    first = lines[i]
+    for j in range(i + 1, min(len(lines), i + limit)):
+        line = lines[j]
+        if (line["host"], line["source"]) != (first["host"], first["source"]) or (
+                first["rank"] and line["rank"] and line["rank"] != first["rank"]):
+            continue
+        stripped = body(line["text"]).strip()
+        if not stripped or _indented(line["text"]) or stripped.startswith(("File \"", "^", "~", "Traceback")):
+            continue
+        return j
+    return i
+
+
+def _indented(text):
+    """Is the line's message indented (a traceback's source line): its first character after the writer's prefix, or
+    the line's own first character where there is no prefix."""
+    m = PREFIX.match(text)
+    return (text[m.end():] if m.group(0).strip() else text)[:1].isspace()
+
+
+def first_error(lines, skip=()):
+    """The earliest failing rank's first error: of each (host, rank) the first error line, the earliest of them -
+    when it opens a traceback, the traceback's last line (the exception). Lines in `skip` (consequences) are passed
+    over unless nothing else is left. -> the line, or None for a log without an error."""
+    for pass_skip in (True, False):
+        firsts = {}
+        for i, line in enumerate(lines):
+            if pass_skip and id(line) in skip:
+                continue
+            key = (line["host"], line["rank"] or line["source"])
+            if key not in firsts and is_error(line["text"]):
+                firsts[key] = i
+        if firsts:
+            i = min(firsts.values(), key=lambda n: _order(lines[n]))
+            text = lines[i]["text"]
+            if "Traceback (most recent call last)" in text or _indented(text) or CODE_LINE.match(body(text)):
+                i = _traceback_end(lines, i)  # a traceback, or a line of one: its exception
+            return lines[i]
+    return None
+
+
+CODE_LINE = re.compile(r"^\s*(?:raise |File \"|return |assert |\^|~)")
+
+
+def _evidence_key(line):
+    """Of two lines a signature matched, the better evidence: a logged message before a line of a traceback's
+    source code (`raise ValueError("...")`), then the earlier."""
+    return (bool(CODE_LINE.match(body(line["text"]))), _order(line))
+
+
+def _order(line):
+    return (line["time"] if line["time"] is not None else float("inf"), line.get("seq", 0))
+
+
+def _not_after(a, b):
+    """Did line a come no later than line b (by time where both have one, else by place in the same log)?"""
+    if a["time"] is not None and b["time"] is not None:
+        return a["time"] <= b["time"]
+    if (a["host"], a["source"]) == (b["host"], b["source"]):
+        return a.get("seq", 0) <= b.get("seq", 0)
+    return True
+
+
+# ------------------------------------------------------------------------------------------------- nearest causes
+
+WORD = re.compile(r"[a-z][a-z0-9]{2,}")
+STOP = frozenset("the and for with not was are has have this that from into its which when been but all any can its "
+                 "were will would could should there their then than one two out use using please check error "
+                 "failed fail failure errors see above below line code reason".split())
+
+
+def _words(text):
+    return [w for w in WORD.findall(re.sub(r"[_\-/.]", " ", str(text).lower())) if w not in STOP]
+
+
+def _cause_vectors(signatures, causes):
+    """{cause: {word: tf-idf}} of what names each cause: its description, its signatures' patterns and ids, its code
+    rows' meanings."""
+    cached = getattr(signatures, "_vectors", None)
+    if cached is not None:
+        return cached
+    import math
+    docs = dict((c, _words(c) + _words((causes.get(c) or {}).get("means", ""))) for c in CAUSES if c != "other")
+    for s in signatures:
+        rows = [s] if s["kind"] != "family" else list(s["rows"].values()) + [sig for _rx, sig in s["wild"]]
+        for r in rows:
+            if r["cause"] in docs:
+                docs[r["cause"]] += _words(r["id"]) + _words(r.get("means", "")) + _words(
+                    " ".join(re.sub(r"\\.|[\[\](){}|?*+^$]", " ", p.pattern) for p in r.get("patterns", [])))
+    df = {}
+    for words in docs.values():
+        for w in set(words):
+            df[w] = df.get(w, 0) + 1
+    n = len(docs)
+    vectors = {}
+    for c, words in docs.items():
+        tf = {}
+        for w in words:
+            tf[w] = tf.get(w, 0) + 1
+        v = dict((w, (1 + math.log(k)) * math.log(1.0 + n / df[w])) for w, k in tf.items())
+        norm = math.sqrt(sum(x * x for x in v.values())) or 1.0
+        vectors[c] = dict((w, x / norm) for w, x in v.items())
+    try:
+        signatures._vectors = vectors
+    except AttributeError:
+        pass
+    return vectors
+
+
+def nearest_causes(text, signatures, causes, top=3):
+    """The causes whose words the line shares most: [{cause, score}] (cosine of tf-idf weights, 0..1), highest
+    first; [] when it shares none."""
+    import math
+    vectors = _cause_vectors(signatures, causes)
+    tf = {}
+    for w in _words(body(text)):
+        tf[w] = tf.get(w, 0) + 1
+    q = dict((w, 1 + math.log(k)) for w, k in tf.items())
+    norm = math.sqrt(sum(x * x for x in q.values())) or 1.0
+    scores = []
+    for c, v in vectors.items():
+        s = sum(x * v.get(w, 0.0) for w, x in q.items()) / norm
+        if s > 0.005:
+            scores.append((round(s, 2), c))
+    scores.sort(key=lambda x: (-x[0], CAUSES.index(x[1])))
+    return [{"cause": c, "score": s} for s, c in scores[:top] if s > 0]
+
+
+def certainty(confidence):
+    return "high" if confidence >= HIGH else "medium" if confidence >= MEDIUM else "low"
 
 
 def refine(cause, fix, host, facts):
@@ -206,32 +523,96 @@ def _tls_text(states):
 
 
 def analyze(lines, signatures, facts=None, limit=20):
-    """Lines (lines_of) -> findings ordered by likelihood: [{cause, fix, evidence, host, rank, time, signature,
-    source, hosts}]. One finding per cause; its evidence is the earliest line of the most specific signature, and
-    `hosts` every host that printed it, first failing first."""
-    by_cause = {}
-    for s, line in match(lines, signatures):
-        key = s["cause"]
-        entry = by_cause.setdefault(key, {"weight": s["weight"], "sig": s, "line": line, "hosts": {}})
+    """Lines (lines_of) -> findings ordered by likelihood: [{cause, fix, evidence, host, rank, time, confidence,
+    certainty, signature, code, source, reference, hosts, weight}].
+
+    One finding per cause: its evidence is the earliest line of its most specific signature or code, `hosts` every
+    host that printed it (first failing first), its confidence the signature's weight / 100. Ordered by confidence,
+    then time - except that a wait (an HCCL or store timeout) follows any cause of at least medium confidence seen no
+    later than it, and a consequence follows every cause. A log with an error line always gets a finding: when no
+    cause reaches medium confidence, `other` carries the earliest failing rank's first error line (the last line of
+    its first traceback) and the nearest causes with their scores (`candidates`). Findings of equal confidence are
+    marked `tied` with each other."""
+    for i, line in enumerate(lines):
+        line.setdefault("seq", i)
+    causes = getattr(signatures, "causes", None) or load_causes()
+    hits = match(lines, signatures)
+    by_cause, others = {}, []
+    for s, line in hits:
+        if s["cause"] == "other":
+            others.append((s, line))
+            continue
+        entry = by_cause.setdefault(s["cause"], {"sig": s, "line": line, "first": line, "hosts": {}})
         t = line["time"] if line["time"] is not None else float("inf")
         if line["host"] is not None:
             entry["hosts"][line["host"]] = min(entry["hosts"].get(line["host"], float("inf")), t)
-        best_t = entry["line"]["time"] if entry["line"]["time"] is not None else float("inf")
-        if s["weight"] > entry["weight"] or (s["weight"] == entry["weight"] and t < best_t):
-            entry.update(weight=s["weight"], sig=s, line=line)
-    findings = []
-    for cause, e in by_cause.items():
-        s, line = e["sig"], e["line"]
-        fixed_cause, fix = refine(cause, s["fix"], line["host"], facts)
-        findings.append({"cause": fixed_cause, "fix": fix, "evidence": line["text"].strip(), "host": line["host"],
-                         "rank": line["rank"], "time": iso(line["time"]), "signature": s["id"],
-                         "source": line["source"], "reference": s["source"], "weight": e["weight"],
-                         "hosts": [h for h, _t in sorted(e["hosts"].items(), key=lambda x: (x[1], x[0]))],
-                         "_t": line["time"] if line["time"] is not None else float("inf")})
-    findings.sort(key=lambda f: (-f["weight"], f["_t"]))
+        if _order(line) < _order(entry["first"]):
+            entry["first"] = line
+        if s["weight"] > entry["sig"]["weight"] or (s["weight"] == entry["sig"]["weight"] and
+                                                   _evidence_key(line) < _evidence_key(entry["line"])):
+            entry.update(sig=s, line=line)
+    findings = [_finding(c, e["sig"], e["line"], e["first"], e["hosts"], facts) for c, e in by_cause.items()]
     for f in findings:
-        del f["_t"]
+        if f["kind"] == "wait":
+            f["_demoted"] = any(c["kind"] == "cause" and c["confidence"] >= MEDIUM and _not_after(c["_first"], f["_first"])
+                                for c in findings)
+    other = _other(lines, others, findings, signatures, causes)
+    if other:
+        findings.append(other)
+    findings.sort(key=lambda f: (f["_demoted"], -f["confidence"], _order(f["_line"]), CAUSES.index(f["cause"])))
+    for f in findings:
+        f["tied"] = [g["cause"] for g in findings if g is not f and not g["_demoted"] and not f["_demoted"]
+                     and g["confidence"] == f["confidence"]]
+        if not f["tied"]:
+            del f["tied"]
+    for f in findings:
+        for k in ("_demoted", "_first", "_line"):
+            del f[k]
     return findings[:limit]
+
+
+def _finding(cause, s, line, first, hosts, facts):
+    fixed_cause, fix = refine(cause, s["fix"], line["host"], facts)
+    return {"cause": fixed_cause, "fix": fix, "evidence": line["text"].strip(), "host": line["host"],
+            "rank": line["rank"], "time": iso(line["time"]), "confidence": round(s["weight"] / 100.0, 2),
+            "certainty": certainty(s["weight"] / 100.0), "kind": s["kind"], "signature": s["id"],
+            "code": s.get("code"), "source": line["source"], "reference": s["source"], "weight": s["weight"],
+            "hosts": [h for h, _t in sorted(hosts.items(), key=lambda x: (x[1], x[0]))],
+            "_demoted": s["kind"] == "consequence", "_first": first, "_line": line}
+
+
+OTHER_FALLBACK = 30  # the weight of `other` when only the first error line speaks
+OTHER_MAX = 55  # `other` never claims more than low confidence: it names no cause
+
+
+def _other(lines, others, findings, signatures, causes):
+    """The `other` finding: when no cause reaches medium confidence, the earliest failing rank's first error line
+    with the nearest causes; else, where lines of no known cause were seen, the earliest of them after the causes."""
+    strong = any(f["confidence"] >= MEDIUM for f in findings)
+    consequences = set(id(line) for s, line in others if s["kind"] == "consequence")
+    line = None if strong else first_error(lines, skip=consequences)
+    if line is None and not others:
+        return None
+    if line is None:
+        told = [(s, ln) for s, ln in others if s["kind"] != "consequence"] or others
+        line = min(told, key=lambda x: _order(x[1]))[1]
+    on_line = [s for s, ln in others if ln is line]
+    s = max(on_line, key=lambda x: x["weight"]) if on_line else {
+        "id": "first_error_line", "kind": "cause", "weight": OTHER_FALLBACK, "source": "the log's first error",
+        "fix": " ".join(causes["other"]["fix"].split()), "code": None}
+    weight = min(s["weight"], OTHER_MAX)
+    hosts = {}
+    for _s, ln in others:
+        if ln["host"] is not None:
+            hosts[ln["host"]] = min(hosts.get(ln["host"], float("inf")), ln["time"] if ln["time"] is not None else
+                                    float("inf"))
+    if line["host"] is not None:
+        hosts.setdefault(line["host"], line["time"] if line["time"] is not None else float("inf"))
+    f = _finding("other", dict(s, weight=weight), line, line, hosts, None)
+    f["_demoted"] = strong or bool(findings and s["kind"] == "consequence" and not findings[0].get("_demoted"))
+    if not strong:
+        f["candidates"] = nearest_causes(line["text"], signatures, causes)
+    return f
 
 
 def clock_offsets(clocks):
@@ -440,8 +821,10 @@ def diagnose_hosts(collected, signatures, limit=20):
 
 
 def brief(findings):
-    """What the offline CLI prints per finding."""
-    return [dict((k, f.get(k)) for k in ("cause", "fix", "evidence", "host", "rank", "time")) for f in findings]
+    """What the offline CLI prints per finding (with `candidates` for `other`, `tied` where causes tie)."""
+    keys = ("cause", "fix", "evidence", "host", "rank", "time", "confidence", "certainty")
+    return [dict([(k, f.get(k)) for k in keys] + [(k, f[k]) for k in ("candidates", "tied") if k in f])
+            for f in findings]
 
 
 def main(argv=None):

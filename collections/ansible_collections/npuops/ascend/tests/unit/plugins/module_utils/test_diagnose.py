@@ -34,15 +34,31 @@ def cases():
 
 # ------------------------------------------------------------------------------------------ the real excerpts
 
+def top_of(case, signatures):
+    with open(os.path.join(CORPUS, case["file"]), errors="replace") as f:
+        text = f.read()
+    found = diagnose.analyze(diagnose.lines_of(text, source=case["file"]), signatures)
+    return (found[0] if found else None), text
+
+
+def right(case, top):
+    """The first finding names the cause the thread established - or, where the thread settled on no cause of the
+    vocabulary (`other`), it is `other` or of low certainty."""
+    return bool(top) and (top["cause"] == case["cause"] or (case["cause"] == "other" and top["certainty"] == "low"))
+
+
 def test_the_real_excerpts_are_enough_and_cited():
-    """Each excerpt is copied from a public vLLM / vLLM-Ascend issue whose thread established the cause."""
+    """At least 100 excerpts from 60 threads of 6 repositories, each copied from a public thread that established
+    its cause, at least 30 of them collected after the signatures were written (issue 41)."""
     found = cases()
-    # issue 28 asks for at least 30 (HCCL, memory and devices, runtime and KV transfer, software and configuration)
-    assert len(found) >= 30, len(found)
+    assert len(found) >= 100, len(found)
+    assert len(set(case["source"] for case in found)) >= 60
+    assert len(set("/".join(case["source"].split("/")[3:5]) for case in found)) >= 6
+    assert len([case for case in found if case.get("batch") == "last"]) >= 30
     assert len(set(case["source"] for case in found)) == len(found)  # one excerpt per thread
     for case in found:
         assert case["source"].startswith("https://github.com/"), case
-        assert case["cause"] in diagnose.CAUSES, case
+        assert case["cause"] in diagnose.CAUSES and case["established"].strip(), case
         with open(os.path.join(CORPUS, case["file"]), errors="replace") as f:
             assert case["evidence"] in f.read(), case["file"]
 
@@ -51,12 +67,19 @@ def test_top_cause_is_right_for_at_least_90_percent_of_the_real_excerpts(signatu
     found = cases()
     wrong = []
     for case in found:
-        with open(os.path.join(CORPUS, case["file"]), errors="replace") as f:
-            findings = diagnose.analyze(diagnose.lines_of(f.read(), source=case["file"]), signatures)
-        top = findings[0]["cause"] if findings else None
-        if top != case["cause"]:
-            wrong.append("%s: %s, expected %s" % (case["file"], top, case["cause"]))
+        top, _text = top_of(case, signatures)
+        if not right(case, top):
+            wrong.append("%s: %s, expected %s" % (case["file"], top and top["cause"], case["cause"]))
     assert len(wrong) <= len(found) // 10, "\n".join(wrong)
+
+
+def test_no_excerpt_with_an_error_line_gets_an_empty_answer_and_other_ones_are_never_sure(signatures):
+    for case in cases():
+        top, text = top_of(case, signatures)
+        if any(diagnose.is_error(line) for line in text.splitlines()):
+            assert top, case["file"]
+        if case["cause"] == "other":
+            assert top["cause"] == "other" or top["certainty"] == "low", (case["file"], top)
 
 
 def test_the_command_line_prints_the_findings_as_json(tmp_path):
@@ -71,7 +94,8 @@ def test_the_command_line_prints_the_findings_as_json(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert [f["cause"] for f in out] == ["nic_or_ip_wrong", "other"]
-    assert set(out[0]) == {"cause", "fix", "evidence", "host", "rank", "time"}
+    assert set(out[0]) == {"cause", "fix", "evidence", "host", "rank", "time", "confidence", "certainty"}
+    assert out[0]["confidence"] == 0.9 and out[0]["certainty"] == "high"
     assert out[0]["rank"] == "DP2" and out[0]["time"].endswith("01:02:09.000Z") and "npuops_nic" in out[0]["fix"]
     assert "Unable to find interface for: [enp189s0f9]" in out[0]["evidence"]
 
@@ -154,6 +178,82 @@ def test_a_consequence_never_outranks_its_cause(signatures):
         "node02": collected(0, "2026-12-05T01:00:09Z ERROR OSError: [Errno 98] Address already in use "
                                "(addr='tcp://10.0.0.11:13389')\n")}, signatures)
     assert [f["cause"] for f in got] == ["port_in_use", "other"] and got[0]["host"] == "node02"
+
+
+def test_a_rank_that_ran_out_of_memory_first_outranks_the_hccl_timeouts_of_the_ranks_that_waited_for_it(signatures):
+    """node02's rank ran out of NPU memory at 01:00:00; 30 s later the other ranks' collectives timed out (EI0002 is a
+    wait: it names no cause of its own when a cause came before it)."""
+    got, _o = diagnose.diagnose_hosts({
+        "node01": collected(0, "2026-12-05T01:00:30Z (Worker_TP0 pid=1) ERROR EI0002: [PID: 1] The wait execution of "
+                               "the Notify register times out. Reason: The Notify register has not received the Notify "
+                               "record from remote rank [3].\n"),
+        "node02": collected(0, "2026-12-05T01:00:00Z (Worker_TP3 pid=1) ERROR RuntimeError: NPU out of memory. Tried "
+                               "to allocate 2.00 GiB (NPU 3; 60.97 GiB total capacity; 58.10 GiB already allocated)\n"),
+    }, signatures)
+    assert [f["cause"] for f in got][:2] == ["npu_oom_load", "hccl_exec_timeout"]
+    assert got[0]["host"] == "node02" and got[0]["certainty"] == "high" and got[1]["host"] == "node01"
+
+
+def test_an_hccl_timeout_alone_still_names_its_cause(signatures):
+    got = diagnose.analyze(diagnose.lines_of(EI0006, host="node01"), signatures)
+    assert got[0]["cause"] == "hccl_connect_timeout" and got[0]["kind"] == "wait" and got[0]["certainty"] == "high"
+
+
+def test_a_log_whose_error_no_signature_knows_gets_other_with_the_first_error_and_the_nearest_causes(signatures):
+    """Never an empty answer: the earliest failing rank's first error - the last line of its first traceback - with
+    the causes whose words it shares most."""
+    tp1 = "2026-12-05T01:00:09Z (Worker_TP1 pid=2) ERROR 12-05 01:00:09 [multiproc_executor.py:1] "
+    log = (tp1 + "Traceback (most recent call last):\n" + tp1 + '  File "/vllm/worker.py", line 1, in load\n' +
+           tp1 + "    raise ValueError(msg)\n" +
+           tp1 + "ValueError: the shard of the weight in memory has a strange layout\n"
+           "2026-12-05T01:00:12Z (Worker_TP0 pid=1) ERROR 12-05 01:00:12 [core.py:1] RuntimeError: something else "
+           "went wrong later\n"
+           "2026-12-05T01:00:13Z (EngineCore_DP0 pid=1) ERROR 12-05 01:00:13 [core.py:1] EngineCore failed to start.\n")
+    got = diagnose.analyze(diagnose.lines_of(log, host="node01"), signatures)
+    assert got[0]["cause"] == "other" and got[0]["certainty"] == "low" and got[0]["rank"] == "TP1"
+    assert got[0]["evidence"].endswith("ValueError: the shard of the weight in memory has a strange layout")
+    scores = [c["score"] for c in got[0]["candidates"]]
+    assert got[0]["candidates"] and scores == sorted(scores, reverse=True) and 0 < scores[0] <= 1
+    assert set(c["cause"] for c in got[0]["candidates"]) <= set(diagnose.CAUSES) - {"other"}
+    assert diagnose.brief(got)[0]["candidates"] == got[0]["candidates"]
+
+
+def test_only_consequences_give_other_with_the_error_before_them(signatures):
+    log = ("2026-12-05T01:00:01Z (EngineCore_DP0 pid=1) ERROR RuntimeError: a failure nobody describes\n"
+           "2026-12-05T01:00:02Z (EngineCore_DP0 pid=1) ERROR EngineCore failed to start.\n"
+           "2026-12-05T01:00:02Z (APIServer pid=1) ERROR RuntimeError: Engine core initialization failed. See root "
+           "cause above. Failed core proc(s): {}\n")
+    got = diagnose.analyze(diagnose.lines_of(log, host="n"), signatures)
+    assert got[0]["cause"] == "other" and got[0]["evidence"].endswith("a failure nobody describes")
+
+
+def test_a_generic_line_gives_other_rather_than_a_guess(signatures):
+    got = diagnose.analyze(diagnose.lines_of(
+        "[ERROR] 2026-12-05-01:02:03 (PID:7, Device:0, RankID:0) ERR00100 PTA call acl api failed\n", host="n"),
+        signatures)
+    assert got[0]["cause"] == "other" and got[0]["certainty"] == "low"
+
+
+@pytest.mark.parametrize("line", [
+    "WARNING 12-05 01:02:03 [_custom_ops.py:20] Failed to import from vllm._C with ModuleNotFoundError(\"No module "
+    "named 'vllm._C'\")",
+    "WARNING 12-05 01:02:03 [parallel.py:1] Address already in use (addr 10.0.0.1:29500). Retrying with a new port.",
+    "INFO 12-05 01:02:03 [core.py:1] Loading weights took 2.1 seconds",
+])
+def test_what_every_healthy_start_prints_is_no_finding(signatures, line):
+    assert diagnose.analyze(diagnose.lines_of(line, host="n"), signatures) == []
+
+
+def test_causes_of_equal_confidence_are_shown_tied_highest_first(signatures):
+    log = ("2026-12-05T01:00:01Z ERROR RuntimeError: HCCL_BUFFSIZE is too SMALL, need 600 MB\n"
+           "2026-12-05T01:00:02Z ERROR OSError: [Errno 28] No space left on device: '/dev/shm/psm_1234'\n"
+           "2026-12-05T01:00:03Z ERROR ValueError: No available memory for the cache blocks.\n")
+    got = diagnose.analyze(diagnose.lines_of(log, host="n"), signatures)
+    assert [(f["cause"], f["confidence"]) for f in got] == [("kv_cache_oom", 0.9), ("hccl_buffsize", 0.88),
+                                                            ("shm_too_small", 0.88)]
+    assert "tied" not in got[0] and got[1]["tied"] == ["shm_too_small"] and got[2]["tied"] == ["hccl_buffsize"]
+    for f in got:
+        assert f["certainty"] == diagnose.certainty(f["confidence"]) == "high"
 
 
 EI0006 = "2026-12-05T01:00:20Z ERROR EI0006: Getting socket times out. Reason: 3. The communication link is disconnected."
@@ -266,7 +366,7 @@ def test_chips_whose_health_is_not_ok_become_lines_the_signatures_read(signature
     lines = diagnose.chip_health_lines("\n".join(rows))
     assert lines == ["npu-smi info: NPU 1 chip 1 (phy 3) health Alarm"]
     found = diagnose.analyze(diagnose.lines_of("2026-12-05T01:00:00Z " + lines[0], host="node02"), signatures)
-    assert found[0]["cause"] == "other" and "npu-smi info -t health -i 1 -c 1" in found[0]["fix"].replace(
+    assert found[0]["cause"] == "npu_device_fault" and "npu-smi info -t health -i 1 -c 1" in found[0]["fix"].replace(
         "<card>", "1").replace("<chip>", "1") and found[0]["host"] == "node02"
 
 
@@ -335,3 +435,21 @@ def test_the_filter_prints_ascend_fd_verdicts_next_to_the_findings():
     assert "ascend-fd on node01: AISW_CANN_HCCL_01 HCCL建链超时 (worker-0 device-3) at 2026-12-05 01:00:40.1" in got["lines"]
     assert "   suggestion: 检查网络" in got["lines"]
     assert "ascend-fd on node02: budget spent before ascend-fd ran" in got["lines"]
+
+
+def test_the_filter_prints_how_sure_each_cause_is_ties_and_the_nearest_causes_of_an_unknown_error():
+    from ansible_collections.npuops.ascend.plugins.filter.diagnose import diagnose_findings
+    hostvars = {
+        "node01": {"r": collected(1000.0, "2026-12-05T01:00:01Z ERROR RuntimeError: HCCL_BUFFSIZE is too SMALL\n"
+                                          "2026-12-05T01:00:02Z ERROR OSError: [Errno 28] No space left on device: "
+                                          "'/dev/shm/psm_1'\n")},
+        "node02": {"r": collected(1000.0, "2026-12-05T01:00:00Z (Worker_TP1 pid=2) ERROR 12-05 01:00:00 [w.py:1] "
+                                          "ValueError: the cache of the weight shards has a strange layout\n")}}
+    got = diagnose_findings(hostvars, ["node01"], "r")
+    assert [f["cause"] for f in got["findings"]] == ["hccl_buffsize", "shm_too_small"]
+    assert got["lines"][0] == ("1. hccl_buffsize - first on node01 at 2026-12-05T01:00:01.000Z - confidence 0.88 "
+                               "(high), tied with shm_too_small")
+    assert all("weight" not in f and f["certainty"] == "high" for f in got["findings"])
+    got = diagnose_findings(hostvars, ["node02"], "r")
+    assert got["lines"][0] == "1. other - first on node02 rank TP1 at 2026-12-05T01:00:00.000Z - confidence 0.30 (low)"
+    assert got["lines"][2].startswith("   nearest causes: ") and got["findings"][0]["candidates"]
