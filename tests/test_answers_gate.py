@@ -224,3 +224,32 @@ def test_an_instance_out_for_its_answers_stays_out_through_status_recover_and_ga
     assert cluster.started(["node03", "node04"]) == b_started
     for gw in ("gw01", "gw02"):
         assert admin_rows(cluster, gw) == {"a-1": "UP", "b-1": "UP"}
+
+
+def test_the_accuracy_stage_takes_out_an_instance_it_finds_answering_wrongly(cluster, tmp_path):
+    """Both instances serve (the gateway left active_active by the test before). b's node starts computing wrong while
+    b is in rotation: no gate can know until it measures, and the accuracy stage then takes b out of rotation (it
+    fails naming b); from then on no wrong answer is served, status calls b wrong, and once fixed recover puts it
+    back."""
+    assert admin_rows(cluster, "gw01") == {"a-1": "UP", "b-1": "UP"}
+    mode = vars_file(tmp_path, "mode.json", dict(QUICK, npuops_vllm_overrides={"max_num_seqs": 8},
+                                                 npuops_gateway_mode="active_active"))
+    sim("fault", "--node", "3", "--fault", "garbled")
+    try:
+        proc = playbook(cluster, "accuracy", "-e", mode, check=False)
+        text = " ".join(proc.stdout.split())
+        assert proc.returncode != 0 and "Accuracy: instance b: golden score 0.00 is outside baseline" in text, \
+            text[-3000:]
+        assert "b: out of rotation: its running configuration (cfg-" in text, text[-3000:]
+        for gw in ("gw01", "gw02"):
+            assert admin_rows(cluster, gw)["b-1"] in ("DRAIN", "MAINT")
+        with Questions(cluster.url) as questions:
+            time.sleep(8)
+        assert questions.wrong == [] and len(questions.answered) > 20, questions.results[:5]
+        rc, out, stats = runner(cluster, tmp_path, "status", "-e %s" % mode)
+        assert rc != 0 and stats["npuops_status"]["instances"]["b"]["state"] == "wrong", out[-3000:]
+    finally:
+        sim("fault", "--node", "3", "--fault", "clear")
+    rc, out, _stats = runner(cluster, tmp_path, "recover", "-e %s" % mode)
+    assert rc == 0 and "b: measured now, back into rotation" in " ".join(out.split()), out[-3000:]
+    assert admin_rows(cluster, "gw01") == {"a-1": "UP", "b-1": "UP"}
