@@ -310,3 +310,50 @@ def test_the_engine_refuses_a_speculative_config_as_vllm_does(lb, changes, messa
     e = lb.engine(*dspark(lb, **changes), ready=False)
     e.proc.wait(timeout=60)
     assert e.proc.returncode != 0 and message in e.output(), e.output()[-2000:]
+
+
+def test_chat_log_probabilities_as_vllm_returns_them_and_the_probe_fails_a_200_without_finite_ones(lb, sdk, engine):
+    """vLLM's chat logprobs (ChatCompletionLogProbs: content, one entry per generated token with token, logprob, bytes,
+    top_logprobs), read with the SDK; the validate stage's chat check asks for them ("An HTTP 200 response alone is
+    not a sufficient pass condition", the vLLM-Ascend Kimi-K3 guide) and fails when a non-finite tensor makes them
+    null (the fault nonfinite), naming the check."""
+    r = sdk.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "What is 17*23?"}],
+                                    max_tokens=64, temperature=0, logprobs=True, top_logprobs=1)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens and all(t.logprob <= 0 for t in content)
+    assert all(len(t.top_logprobs) == 1 for t in content)
+    plain = sdk.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    assert plain.choices[0].logprobs is None  # not asked, none given
+    with open(lb.profile) as f:
+        profile = json.load(f)
+    try:
+        profile["faults"] = [{"fault": "nonfinite"}]
+        with open(lb.profile, "w") as f:
+            json.dump(profile, f)
+        rows, _model = probe.run_checks(Client(engine.url, KEY, timeout=60), checks=["chat"])
+    finally:
+        profile["faults"] = []
+        with open(lb.profile, "w") as f:
+            json.dump(profile, f)
+    assert rows[0]["name"] == "chat" and not rows[0]["ok"]
+    assert rows[0]["detail"].startswith("HTTP 200, but ") and "token log-probabilities are not finite" in \
+        rows[0]["detail"], rows[0]
+    rows, _model = probe.run_checks(Client(engine.url, KEY, timeout=60), checks=["chat"])
+    assert rows[0]["ok"], rows[0]
+
+
+def test_a_jemalloc_preload_crashes_an_engine_of_the_line_that_refuses_it(lb):
+    """vllm-ascend #17155: "The current Kimi K3 configuration on Atlas 800 A3 with vLLM-Ascend v0.27.1rc does not
+    support LD_PRELOAD=/usr/lib64/libjemalloc.so.2". The v0.27.1rc stand-in crashes at start with it (SIGSEGV;
+    upstream published no log), the main line's serves; the deviation no_jemalloc_preload's empty value serves."""
+    import signal
+    jemalloc = {"LD_PRELOAD": "/usr/lib64/libjemalloc.so.2"}
+    crashed = lb.engine(*K3, tag="v0.27.1rc1-a3", env=jemalloc, ready=False)
+    crashed.proc.wait(60)
+    assert crashed.proc.returncode == -signal.SIGSEGV, (crashed.proc.returncode, crashed.output()[-2000:])
+    assert "Fatal Python error: Segmentation fault" in crashed.output()
+    for tag, env in (("main-a3", jemalloc), ("v0.27.1rc1-a3", {"LD_PRELOAD": ""})):
+        served = lb.engine(*K3, tag=tag, env=env)
+        assert served.proc.poll() is None
+        served.proc.terminate()
+        served.proc.wait(30)

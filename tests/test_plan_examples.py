@@ -19,6 +19,7 @@ from npuops_sim.testing import BIN, run
     ("a3-8node-1m", 8, "http://192.168.120.11:8000"),
     ("a3-4p2d", 6, "http://192.168.130.11:8080"),
     ("a3-4node-dspark", 4, "http://192.168.100.11:8000"),
+    ("a3-4p4d", 8, "http://192.168.140.11:8080"),
 ])
 def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
     out = tmp_path / "plan.json"
@@ -36,7 +37,9 @@ def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
             for d in entry["recipe_diff"]), host
     leaders = [h for h, e in plan["hosts"].items() if e["role"] == "leader"]
     assert len(leaders) == (2 if inventory in ("a3-8p8d", "a3-8p8d-kv-pool", "a3-8node-ha", "a3-8node-canary",
-                                                "a3-4p2d") else 1)
+                                                "a3-4p2d", "a3-4p4d") else 1)
+    if inventory == "a3-4p4d":
+        assert_the_4p4d_page_runs_as_published(plan)
     if inventory == "a3-4p2d":
         assert plan["instances"]["main"]["shape"] == "4P2D"
         assert plan["instances"]["main"]["proxy"]["container"]["argv"][-3:] == ["--decoder-ports", "8000", "8000"]
@@ -49,6 +52,124 @@ def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
         assert_the_prefill_side_joins_the_memcache_pool(plan)
     if inventory == "a3-4node-dspark":
         assert_every_engine_drafts_as_the_tutorial_writes(plan)
+
+
+def flags_of(argv):
+    return container.argv_flags(argv)[1]
+
+
+# The v0.26.0rc line's Kimi-K3 page, section 5.1 (Atlas 800 A3, four-node), as vllm-project/vllm-ascend@a0d792e2 has
+# it, typed here from the page: node 0's flags and the environment every node exports. The v0.27.1rc line carries it
+# (#17155 edits it), adding `unset LD_PRELOAD`.
+V026_NODE0_FLAGS = {
+    "--served-model-name": "kimi-k3", "--port": "8000", "--allowed-local-media-path": "/", "--trust-remote-code": True,
+    "--tensor-parallel-size": "16", "--data-parallel-size": "4", "--data-parallel-size-local": "1",
+    "--data-parallel-address": "192.168.100.11", "--data-parallel-rpc-port": "13389", "--enable-prefix-caching": True,
+    "--enable-expert-parallel": True, "--max-num-seqs": "16", "--max-model-len": "131072",
+    "--max-num-batched-tokens": "24576", "--gpu-memory-utilization": "0.9",
+    "--mm-encoder-tp-mode": "data", "--enable-auto-tool-choice": True, "--reasoning-parser": "kimi_k3",
+    "--tool-call-parser": "kimi_k3", "--tokenizer-mode": "kimi_k3",
+    # deviation listen_on_the_node_address (the page names no --host)
+    "--host": "192.168.100.11"}
+V026_ENV = {"HCCL_BUFFSIZE": "800", "HCCL_IF_IP": "192.168.100.11", "HCCL_SOCKET_IFNAME": "enp189s0f0",
+            "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15", "GLOO_SOCKET_IFNAME": "enp189s0f0",
+            "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+            # deviations vllm_host_ip, tp_socket_ifname; and on the v0.27.1rc line no_jemalloc_preload (#17155)
+            "VLLM_HOST_IP": "192.168.100.11", "TP_SOCKET_IFNAME": "enp189s0f0"}
+
+
+@pytest.mark.parametrize("image, recipe, line", [
+    ("quay.io/ascend/vllm-ascend:v0.27.1rc1-a3", "vllm_ascend_kimi_k3_4node_a3_v026", "0.27.1rc"),
+    ("quay.io/ascend/vllm-ascend:nightly-releases-v0.27.1rc-openeuler", "vllm_ascend_kimi_k3_4node_a3_v026",
+     "0.27.1rc"),
+    ("quay.io/ascend/vllm-ascend:kimi-k3-a3", "vllm_ascend_kimi_k3_4node_a3", "0.23.0"),
+    ("quay.io/ascend/vllm-ascend:nightly-main-a3", "kimi_k3_tutorial_4node_a3", "main"),
+])
+def test_the_plan_chooses_the_recipe_of_the_images_line(tmp_path, image, recipe, line):
+    plan, proc = plan_of(tmp_path, "a3-4node", "-e", "npuops_image=" + image)
+    assert {h["recipe"] for h in plan["hosts"].values()} == {recipe}
+    choice = plan["instances"]["main"]["recipe"]
+    assert (choice["recipe"], choice["line"], choice["note"]) == (recipe, line, None)
+    assert "instance main: recipe %s" % recipe in " ".join(proc.stdout.split())
+    if recipe != "vllm_ascend_kimi_k3_4node_a3_v026":
+        return
+    node0 = plan["hosts"]["a3-node-01"]["container"]
+    flags = flags_of(node0["argv"])
+    assert dict((k, flags[k]) for k in V026_NODE0_FLAGS) == V026_NODE0_FLAGS
+    assert float(flags["--mm-processor-cache-gb"]) == 0  # the page's 0, typed as vLLM types it (a float)
+    assert json.loads(flags["--compilation-config"]) == {"cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert json.loads(flags["--additional-config"]) == {"enable_cpu_binding": True, "enable_flashcomm1": True}
+    assert json.loads(flags["--limit-mm-per-prompt"]) == {"vision_chunk": 2}
+    # the page drafts with DSpark; without npuops_draft no speculative config (deviation no_draft)
+    assert "--speculative-config" not in flags
+    # the mixed deployment on A3 leaves HCCL_OP_EXPANSION_MODE unset (HCCL uses AICPU, #15622), and the v0.27.1rc
+    # line clears the image's jemalloc preload (#17155)
+    assert node0["env"] == dict(V026_ENV, LD_PRELOAD="")
+    worker = flags_of(plan["hosts"]["a3-node-03"]["container"]["argv"])
+    assert (worker["--headless"], worker["--data-parallel-start-rank"], worker["--data-parallel-address"]) == (
+        True, "2", "192.168.100.11")
+    reasons = dict((d["key"], d["why"]) for d in plan["hosts"]["a3-node-01"]["recipe_diff"])
+    assert reasons["LD_PRELOAD"] == "deviation no_jemalloc_preload"
+    assert reasons["--speculative-config"] == "deviation no_draft"
+
+
+def test_an_image_newer_than_every_recipe_plans_with_the_newest_and_an_older_one_is_refused(tmp_path):
+    plan, proc = plan_of(tmp_path, "a3-4node", "-e", "npuops_image=quay.io/ascend/vllm-ascend:v0.32.0-a3")
+    choice = plan["instances"]["main"]["recipe"]
+    assert (choice["recipe"], choice["line"]) == ("kimi_k3_tutorial_4node_a3", "0.32.0")
+    assert choice["note"] == ("the image's vLLM-Ascend line 0.32.0 is newer than every line recipe "
+                              "kimi_k3_tutorial_4node_a3 was validated on (vLLM-Ascend main): it plans with it, the "
+                              "newest recipe that fits")
+    # the 4P4D page was validated from the v0.26.0rc line on: a v0.23.0 image is refused, naming both
+    _plan, proc = plan_of(tmp_path, "a3-4p4d", "-e", "npuops_image=quay.io/ascend/vllm-ascend:kimi-k3-a3",
+                          check=False)
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0
+    assert "no recipe of tier 4p4d_pd for model preset kimi_k3_w4a8 was validated on the image's vLLM-Ascend line " \
+           "0.23.0 (older than every one of them): vllm_ascend_kimi_k3_4p4d_a3 (vLLM-Ascend 0.26.0rc, 0.27.1rc)" in text, \
+        text[-2000:]
+
+
+def test_the_16_node_pd_page_says_upstream_moved_on(tmp_path):
+    _plan, proc = plan_of(tmp_path, "a3-8p8d")
+    text = " ".join(proc.stdout.split())
+    assert "superseded upstream: 4P4D on 8 x A3 without the memcache KV pool (tier 4p4d_pd, recipe " \
+           "vllm_ascend_kimi_k3_4p4d_a3)" in text, text[-3000:]
+
+
+def assert_the_4p4d_page_runs_as_published(plan):
+    """The v0.26.0rc line's page, section 5.2 (eight-node PD separation, Atlas 800 A3), typed from the page."""
+    prefill, decode = (plan["hosts"][h]["container"] for h in ("a3-node-01", "a3-node-05"))
+    pf, df = flags_of(prefill["argv"]), flags_of(decode["argv"])
+    for flags in (pf, df):
+        assert (flags["--data-parallel-size"], flags["--tensor-parallel-size"], flags["--seed"],
+                flags["--max-model-len"], flags["--max-num-batched-tokens"], flags["--max-num-seqs"],
+                flags["--gpu-memory-utilization"], flags["--quantization"], flags["--mamba-cache-mode"],
+                flags["--safetensors-load-strategy"], flags["--tokenizer-mode"]) == (
+            "4", "16", "1024", "133120", "8192", "16", "0.9", "ascend", "align", "prefetch", "kimi_k3")
+    assert pf["--enforce-eager"] is True and "--compilation-config" not in pf
+    assert json.loads(df["--compilation-config"]) == {"cudagraph_mode": "FULL_DECODE_ONLY"}
+    # FlashComm1 off beside multistream overlap on the prefill side (deviation, #15622's rule); the decode template
+    # as published
+    assert json.loads(pf["--additional-config"]) == {"recompute_scheduler_enable": False, "enable_flashcomm1": False,
+                                                     "multistream_overlap_shared_expert": True}
+    assert json.loads(df["--additional-config"]) == {"recompute_scheduler_enable": False,
+                                                     "multistream_overlap_shared_expert": True}
+    pkv, dkv = json.loads(pf["--kv-transfer-config"]), json.loads(df["--kv-transfer-config"])
+    assert pkv["kv_connector"] == "MultiConnector" and [c["kv_connector"] for c in pkv["kv_connector_extra_config"][
+        "connectors"]] == ["MooncakeConnectorV1"]
+    assert pkv["kv_connector_extra_config"]["connectors"][0]["kv_port"] == "36000" and dkv["kv_port"] == "36200"
+    assert dkv["kv_connector"] == "MooncakeConnectorV1" and dkv["kv_role"] == "kv_consumer"
+    assert dkv["kv_connector_extra_config"] == {"prefill": {"dp_size": 4, "tp_size": 16},
+                                                "decode": {"dp_size": 4, "tp_size": 16}}
+    # prefill leaves HCCL_OP_EXPANSION_MODE unset (AICPU), decode sets AIV; fabric memory on both (kv_pool.md)
+    assert "HCCL_OP_EXPANSION_MODE" not in prefill["env"] and decode["env"]["HCCL_OP_EXPANSION_MODE"] == "AIV"
+    for env in (prefill["env"], decode["env"]):
+        assert (env["ASCEND_ENABLE_USE_FABRIC_MEM"], env["HCCL_BUFFSIZE"], env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"],
+                env["LD_PRELOAD"]) == ("1", "1024", "30000", "")
+        assert "LD_LIBRARY_PATH" not in env  # deviation image_library_path
+    assert prefill["env"]["PYTHONHASHSEED"] == "0" and "PYTHONHASHSEED" not in decode["env"]
+    assert plan["instances"]["main"]["shape"] == "4P4D" and plan["instances"]["main"]["kv_pool"] is None
 
 
 # the Kimi-K3 tutorial's section 5.2, as published, with its <DSPARK_DRAFT_PATH> the inventory's npuops_draft_dir
@@ -270,15 +391,17 @@ def test_the_plan_shows_every_field_each_container_gets(tmp_path):
 
 
 def test_plan_refuses_an_image_whose_vllm_lacks_the_presets_parsers(tmp_path):
-    """vLLM 0.23.0 has no kimi_k3 parsers or tokenizer mode (vllm/reasoning, vllm/tool_parsers, TokenizerMode):
-    plan.yml fails before anything starts, naming the image, each preset field and the fix."""
+    """vLLM 0.23.0 has no kimi_k3 parsers (vllm/reasoning, vllm/tool_parsers); the plain v0.23.0 image's vllm-ascend
+    registers none either (the kimi-k3 images do): the recipe of its line (the v0.23.0 page's) cannot run on it, and
+    plan.yml fails before anything starts, naming the image, each field and the fix."""
     proc = run([BIN + "/ansible-playbook", "-i", "inventories/a3-4node", "playbooks/plan.yml",
                 "-e", "npuops_image=quay.io/ascend/vllm-ascend:v0.23.0-a3",
                 "-e", "plan_output=%s" % (tmp_path / "plan.json")], check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and not (tmp_path / "plan.json").exists()
     assert "The image cannot serve the command the recipe renders" in out
-    for field in ("reasoning_parser: kimi_k3", "tool_call_parser: kimi_k3", "tokenizer_mode: kimi_k3"):
+    assert "the command of recipe vllm_ascend_kimi_k3_4node_a3 sets" in out
+    for field in ("reasoning_parser: kimi_k3", "tool_call_parser: kimi_k3"):
         assert field in out
     assert "vLLM 0.23.0" in out and "main(-|$)" in out
 

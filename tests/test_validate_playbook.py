@@ -32,7 +32,10 @@ def test_a_healthy_2node_service_passes_every_check(cluster):
 
 
 def test_bench_yml_writes_a_report_that_adds_up(cluster, tmp_path):
-    playbook(cluster, "bench", "-e", json.dumps({"npuops_bench_matrix": "sim", "npuops_reports_dir": str(tmp_path)}))
+    # the inventory now says max_num_seqs 32 where the engines run the recipe's 64 (a rollout since, or one to come):
+    # the report names what ran, and how it differs from the plan
+    playbook(cluster, "bench", "-e", json.dumps({"npuops_bench_matrix": "sim", "npuops_reports_dir": str(tmp_path),
+                                                 "npuops_vllm_overrides": {"max_num_seqs": 32}}))
     [report_dir] = glob.glob(str(tmp_path / "bench-*"))
     text = open(os.path.join(report_dir, "report.md")).read()
     assert "2node_pp" in text and "## Reconciliation: adds up" in text
@@ -47,6 +50,9 @@ def test_bench_yml_writes_a_report_that_adds_up(cluster, tmp_path):
     # without preflight in the run, the report still records what the engines run: read from the running image
     meta = json.load(open(os.path.join(report_dir, "meta.json")))
     assert meta["recipe"] == "gpuworks_kimi_k3_1_pro_2node_a3" and sorted(meta["images"]) == ["node01", "node02"]
+    assert " --max-num-seqs 64 " in meta["run"]["flags"] + " " and " --max-num-seqs 32 " not in meta["run"]["flags"]
+    assert meta["run"]["differs_from_plan"] == "--max-num-seqs 64 (the plan: 32)", meta["run"]
+    assert "- differs from plan: --max-num-seqs 64 (the plan: 32)" in text
     for host, held in meta["images"].items():
         running = cluster.ssh(host, "podman inspect --format '{{.Image}}' vllm").stdout.strip()
         assert running and running in held["id"] and held["image"].endswith(":kimi-k3.1-pro-a3"), (host, held)
@@ -55,6 +61,20 @@ def test_bench_yml_writes_a_report_that_adds_up(cluster, tmp_path):
 
 def test_garbage_from_a_2node_service_fails_the_chat_check(cluster):
     assert_validate_catches_missing_hccn_conf(cluster, "node02")
+
+
+def test_an_http_200_without_finite_log_probabilities_fails_the_chat_check(cluster):
+    """The engine answers 200 with the right text, but its token log-probabilities are not finite (a non-finite
+    tensor: fault nonfinite): "An HTTP 200 response alone is not a sufficient pass condition" (the vLLM-Ascend Kimi-K3
+    guide); validate fails naming the check."""
+    sim("fault", "--node", "1", "--fault", "nonfinite")
+    try:
+        proc = playbook(cluster, "validate", check=False)
+    finally:
+        sim("fault", "--node", "1", "--fault", "clear")
+    flat = " ".join(proc.stdout.split())
+    assert proc.returncode != 0 and "chat FAIL" in flat, flat[-3000:]
+    assert "HTTP 200, but " in flat and "token log-probabilities are not finite" in flat, flat[-3000:]
 
 
 DRAFT_DIR = "/srv/models/kimi-k3-dspark"

@@ -57,7 +57,11 @@ def render():
            "A source that publishes a configuration as another one with some values changed (the Kimi-K3 page's "
            "1M-context note) is a recipe with `base` (that recipe) and `changes` (flag: value, each replaced in every "
            "role's command; each flag must appear once in the base's command).", "",
-           "The inventory chooses one with `npuops_recipe`; without it, the tier and model preset's default is used. "
+           "The inventory chooses one with `npuops_recipe`; without it, the plan takes the recipe of the tier and "
+           "model preset that was validated on the vLLM-Ascend line of the image (`npuops_image`; its line is in "
+           "`data/images.yml`): an image newer than every such recipe plans with the newest one and says so, an "
+           "older one (or one between their lines) is refused naming both. `plan.yml` prints which recipe each "
+           "instance follows, its source, the image's line, and what upstream has published in its place since. "
            "`playbooks/plan.yml` prints, per host, every flag and environment key that differs from the recipe and "
            "why, e.g. with `-e '{\"npuops_model_overrides\": {\"max_num_seqs\": 32}}'`:", "",
            code("a3-node-01: recipe kimi_k3_tutorial_4node_a3\n"
@@ -65,24 +69,32 @@ def render():
                 "  --max-num-seqs: 16 -> 32 (npuops_model_overrides.max_num_seqs)\n"
                 "  env VLLM_HOST_IP: (absent) -> 192.168.100.11 (deviation vllm_host_ip)", "text"), "",
            "## The recipes", "",
-           "| Recipe | Tier | Model presets | Default | Image | Source |", "|---|---|---|---|---|---|"]
+           "| Recipe | Tier | Model presets | vLLM-Ascend lines | Image | Source |", "|---|---|---|---|---|---|"]
     names = recipes.names()
     for name in names:
         r = recipes.load(name)
         out.append("| [`%s`](#%s) | `%s` | %s | %s | `%s` | %s |" % (
             name, name.replace("_", "-").lower(), r["tier"], ", ".join("`%s`" % m for m in r["models"]),
-            "yes" if r.get("default") else "no", r["image"], " ".join(r["source"]["title"].split())))
+            ", ".join(str(x) for x in r.get("lines") or []) or "not named", r["image"],
+            " ".join(r["source"]["title"].split())))
     out += ["", "Recipe ports, where the source gives a value, replace the tier's defaults (the tutorial's "
             "`RPC_PORT=13345`); the inventory's `npuops_<name>_port` still wins.", ""]
     for name in names:
         r = recipes.load(name)
         out += ["### %s" % name, "", r["summary"], "",
                 "- Source: %s (%s)" % (" ".join(r["source"]["title"].split()), r["source"]["document"]),
-                "- Image: `%s` (vLLM %s, vllm-ascend %s)" % (r["image"], r.get("vllm") or "not named",
-                                                          r.get("vllm_ascend") or "not named"),
+                "- Image: `%s` (vLLM %s); validated on vLLM-Ascend %s" % (
+                    r["image"], r.get("vllm") or "not named", ", ".join(str(x) for x in r.get("lines") or []) or
+                    "no line named"),
                 "- Variables: %s" % (", ".join("`$%s` = %s" % (k, v) for k, v in r["variables"].items()) or "none"),
                 "- Ports: %s" % (", ".join("%s %s" % kv for kv in (r.get("ports") or {}).items()) or "the tier's"),
                 ""]
+        if r.get("superseded"):
+            out += ["Superseded upstream: %s (%s). The plan still renders it for the images of its lines, and says "
+                    "so." % (r["superseded"]["by"], " ".join(r["superseded"]["source"].split())), ""]
+        if r.get("computed"):
+            out += ["Computed by the source from its variables (the flag that uses one is quoted, as the source quotes "
+                    "it):", "", code("\n".join("%s=%s" % kv for kv in r["computed"].items())), ""]
         if r.get("base"):
             out += ["The source publishes it as recipe [`%s`](#%s) with these values changed in every role's command "
                     "(`base` and `changes`; the commands below are the result):" % (

@@ -396,6 +396,8 @@ class Cluster:
             # the tier of this many nodes per instance, when exactly one has that size
             sized = [name for name, doc in docs.items() if int(doc["nodes"]) == size
                      and str(doc.get("generation", "A3")).upper() == str(generation).upper()]
+            if len(sized) > 1:  # a prefill/decode tier is asked for by name (--tier)
+                sized = [n for n in sized if not any(g.get("kv_role") for g in docs[n]["groups"])]
             tier = sized[0] if len(sized) == 1 else None
         doc = docs.get(tier) if tier else None
         pd_sizes = {}
@@ -547,6 +549,8 @@ class Cluster:
                 os.unlink(self.root_of(name) + "/etc/hccn.conf")
             except FileNotFoundError:
                 pass
+        elif fault in ("jemalloc_preload", "old_mooncake"):
+            self.container_defaults(name, p.get("faults", []) + [{"fault": fault}])
         elif fault == "no_shm":
             self.nsenter(name, ["mount", "-o", "remount,size=%s" % SMALL_SHM, "/dev/shm"])
         elif fault == "node_down":
@@ -604,6 +608,7 @@ class Cluster:
                      "dev", plan.FABRIC_NIC])
         if not info.get("gateway"):
             write(self.root_of(name) + "/etc/hccn.conf", prof.hccn_conf(healthy))
+        self.container_defaults(name, [])
         self.nsenter(name, ["mount", "-o", "remount,size=%s" % SHM_SIZE, "/dev/shm"])
         mine = [h for h in state["helpers"] if h["node"] == name]
         terminate([h["pid"] for h in mine])
@@ -611,6 +616,24 @@ class Cluster:
         self.save(state)
         self.write_profile(name, prof.clear_faults(p, healthy))
         return []
+
+    def container_defaults(self, name, faults):
+        """What every container of the node gets besides its image (its container engine's default mounts): a jemalloc
+        preload (fault jemalloc_preload: /etc/ld.so.preload naming the openEuler images' libjemalloc, as vllm-ascend
+        #17155 quotes it) and an older Mooncake transfer engine (fault old_mooncake) over the image's."""
+        root = self.root_of(name)
+        kinds = set(f["fault"] for f in faults)
+        volumes = []
+        if "jemalloc_preload" in kinds:
+            write(root + paths.CONTAINER_PRELOAD, "/usr/lib64/libjemalloc.so.2\n")
+            volumes.append("%s:/etc/ld.so.preload:ro" % paths.CONTAINER_PRELOAD)
+        if "old_mooncake" in kinds:
+            meta = "%s/mooncake_transfer_engine_npu-%s.dist-info/METADATA" % (paths.CONTAINER_MOONCAKE,
+                                                                          paths.OLD_MOONCAKE)
+            write(root + meta, "Metadata-Version: 2.1\nName: mooncake-transfer-engine-npu\nVersion: %s\n"
+                  % paths.OLD_MOONCAKE)
+            volumes.append("%s:%s:ro" % (paths.CONTAINER_MOONCAKE, paths.MOONCAKE_SITE))
+        write(root + "/etc/containers/containers.conf", paths.containers_conf(volumes))
 
     def engine_pids(self, name, container):
         """The processes of a container on the node: its init (as podman reports it) and every descendant."""

@@ -29,7 +29,7 @@ REPOSITORY = "localhost/npuops-sim/vllm-ascend"
 # registers. The sim inventories use the first pair (the main line, vLLM 0.27.1), or the tag of the image the tier's
 # default recipe names when it is one of these (the field report's kimi-k3.1-pro-a3 for 2node_pp: its int8 KV).
 ALIASES = ("main-a3", "main", "v0.23.0-a3", "v0.23.0", "v0.32.0-a3", "v0.32.0", "kimi-k3.1-pro-a3",
-           "kimi-k3.1-pro-a3-openeuler")
+           "kimi-k3.1-pro-a3-openeuler", "v0.27.1rc1-a3", "nightly-releases-v0.27.1rc-a3")
 TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "collections",
                      "ansible_collections", "npuops", "ascend", "data", "images.yml")
 RECIPES = os.path.join(os.path.dirname(TABLE), "recipes")
@@ -57,12 +57,14 @@ def version_table():
 
 
 def emulated(tag, table=None):
-    """{NPUOPS_SIM_VLLM_VERSION, NPUOPS_SIM_PROXY, NPUOPS_SIM_VLLM_ASCEND_REGISTERS} an image tag claims (the first
-    matching line of the table)."""
+    """{NPUOPS_SIM_VLLM_VERSION, NPUOPS_SIM_PROXY, NPUOPS_SIM_LINE, NPUOPS_SIM_VLLM_ASCEND_REGISTERS} an image tag
+    claims (the first matching line of the table)."""
     table = table or version_table()
     for line in table["images"]:
         if re.search(line["tag_pattern"], tag):
             return {"NPUOPS_SIM_VLLM_VERSION": str(line["vllm"]), "NPUOPS_SIM_PROXY": str(line["proxy"]),
+                    # the vLLM-Ascend release line (what it refuses: line_facts)
+                    "NPUOPS_SIM_LINE": str(line.get("line") or line["vllm_ascend"]),
                     # field:name,name;field:name (no quotes or spaces: it travels as an image ENV)
                     "NPUOPS_SIM_VLLM_ASCEND_REGISTERS": ";".join(
                         "%s:%s" % (k, ",".join(v)) for k, v in sorted((line.get("vllm_ascend_registers") or {}).items()))}
@@ -70,10 +72,11 @@ def emulated(tag, table=None):
 
 
 def build_name(env):
-    """One image per emulated version, proxy line and registrations (a short digest of them, when there are any)."""
+    """One image per emulated version, proxy, release line and registrations (a short digest of them, when there are
+    any)."""
     registers = env.get("NPUOPS_SIM_VLLM_ASCEND_REGISTERS", "")
     suffix = "-r" + hashlib.sha256(registers.encode()).hexdigest()[:8] if registers else ""
-    return env["NPUOPS_SIM_VLLM_VERSION"] + "-" + env["NPUOPS_SIM_PROXY"] + suffix
+    return "%s-%s-l%s%s" % (env["NPUOPS_SIM_VLLM_VERSION"], env["NPUOPS_SIM_PROXY"], env["NPUOPS_SIM_LINE"], suffix)
 
 
 def tier_tag(tier, generation):
@@ -115,8 +118,8 @@ TORCH, TORCH_NPU, CANN = "2.10.0", "2.10.0.post4", "9.1.0"
 
 def package_metadata(table=None):
     """The package metadata each build carries, as an installed image does (what `pip show vllm vllm-ascend` and
-    importlib.metadata read): vllm and vllm-ascend at the versions its line says, torch and torch_npu; and the CANN
-    toolkit's install info (what vllm-ascend's collect_env.py reads)."""
+    importlib.metadata read): vllm and vllm-ascend at the versions its line says, torch and torch_npu; the Mooncake
+    transfer engine; and the CANN toolkit's install info (what vllm-ascend's collect_env.py reads)."""
     table = table or version_table()
     files = {"/usr/local/Ascend/ascend-toolkit/latest/x86_64-linux/ascend_toolkit_install.info":
              (0o644, ("package_name=Ascend-cann-toolkit\nversion=%s\n" % CANN).encode())}
@@ -127,6 +130,13 @@ def package_metadata(table=None):
                                     ("torch", "torch", TORCH), ("torch-npu", "torch_npu", TORCH_NPU)):
             path = "%s/%s/%s-%s.dist-info/METADATA" % (SITE, build_name(env), dist, version)
             files[path] = (0o644, ("Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (name, version)).encode())
+    # vllm-ascend's Dockerfile: pip install mooncake-transfer-engine-npu (MOONCAKE_TAG); one version for every line of
+    # the table (line_facts), kept on a path of its own so a node's older one can stand in for it (fault old_mooncake)
+    found = sorted(set(str(f["mooncake"]) for f in (table.get("line_facts") or {}).values() if f.get("mooncake")))
+    if len(found) != 1:
+        raise RuntimeError("the simulated images carry one Mooncake; data/images.yml line_facts names %s" % found)
+    files["%s/mooncake_transfer_engine_npu-%s.dist-info/METADATA" % (paths.MOONCAKE_SITE, found[0])] = (
+        0o644, ("Metadata-Version: 2.1\nName: mooncake-transfer-engine-npu\nVersion: %s\n" % found[0]).encode())
     return files
 
 
@@ -191,7 +201,8 @@ def _ensure(log):
     files = image_files()
     table = version_table()
     envs = dict((alias, emulated(alias, table)) for alias in ALIASES)
-    key = digest(base_key, sorted((k, v[0], v[1]) for k, v in files.items()), sorted(envs.items()), POOL_SITE)
+    key = digest(base_key, sorted((k, v[0], v[1]) for k, v in files.items()), sorted(envs.items()), POOL_SITE,
+                 paths.MOONCAKE_SITE)
     name = "%s:build-%s" % (REPOSITORY, key)
     builds = dict((build_name(e), e) for e in envs.values())
     names = dict((b, "%s-%s" % (name, b)) for b in builds)
@@ -216,7 +227,7 @@ def _ensure(log):
                 changes = ["WORKDIR /workspace", 'CMD ["/bin/bash"]',
                            "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
                 changes += ["ENV %s=%s" % kv for kv in sorted(env.items())]
-                changes += ["ENV PYTHONPATH=%s/%s:%s" % (SITE, build, POOL_SITE)]
+                changes += ["ENV PYTHONPATH=%s/%s:%s:%s" % (SITE, build, paths.MOONCAKE_SITE, POOL_SITE)]
                 podman("import", *[x for c in changes for x in ("--change", c)], layered, names[build])
         finally:
             os.unlink(layered)
@@ -225,7 +236,7 @@ def _ensure(log):
         podman("tag", names[build_name(env)],
                "%s:%s" % (REPOSITORY, alias))
     prune_old(set(names.values()))
-    return names[envs[ALIASES[0]]["NPUOPS_SIM_VLLM_VERSION"] + "-" + envs[ALIASES[0]]["NPUOPS_SIM_PROXY"]]
+    return names[build_name(envs[ALIASES[0]])]
 
 
 def prune_old(keep):

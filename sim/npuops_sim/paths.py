@@ -24,6 +24,24 @@ events_logger = "file"
 """
 
 
+# what every container of a node gets besides its image (the node's container engine's default mounts, containers.conf
+# `volumes`): the faults jemalloc_preload (a preload file) and old_mooncake (an older Mooncake transfer engine's
+# package metadata over the image's)
+CONTAINER_PRELOAD = "/etc/npuops-sim/ld.so.preload"
+CONTAINER_MOONCAKE = "/etc/npuops-sim/mooncake"
+# where the images keep the Mooncake transfer engine's package metadata (on every build's PYTHONPATH)
+MOONCAKE_SITE = "/opt/npuops-sim/mooncake"
+OLD_MOONCAKE = "0.3.10"
+
+
+def containers_conf(volumes=()):
+    """The node's containers.conf, with default volumes every container of the node gets."""
+    if not volumes:
+        return CONTAINERS_CONF
+    return CONTAINERS_CONF.replace("[containers]\n", "[containers]\nvolumes = [%s]\n" % ", ".join(
+        '"%s"' % v for v in volumes), 1)
+
+
 def root():
     return os.environ.get("SIM_ROOT", "/var/lib/npuops-sim")
 

@@ -16,11 +16,11 @@ CANN_VERSION = "9.1.0"
 A3_BUSES = ["9D", "9F", "99", "9B", "B9", "BB", "B5", "B7", "1D", "1F", "19", "1B", "39", "3B", "35", "37"]
 A2_BUSES = ["C1", "C2", "81", "82", "01", "02", "41", "42"]
 
-NODE_FAULTS = ("hccn_conf_missing", "old_driver", "no_shm", "port_busy")
+NODE_FAULTS = ("hccn_conf_missing", "old_driver", "no_shm", "port_busy", "jemalloc_preload", "old_mooncake")
 # Faults of a running node, set and cleared while the service runs: the node's links cut (unreachable), the
 # engine process frozen (SIGSTOP: nothing answers), the engine wedged (its API answers, /health 200, but no
 # token comes out), the weight server frozen, npu-smi hanging in the driver.
-RUNTIME_FAULTS = ("node_down", "engine_hang", "engine_wedge", "relay_hang", "npu_smi_hang", "garbled")
+RUNTIME_FAULTS = ("node_down", "engine_hang", "engine_wedge", "relay_hang", "npu_smi_hang", "garbled", "nonfinite")
 DEVICE_FAULTS = ("link_down", "net_health_init", "tls_mismatch", "chip_warning", "chip_alarm", "hbm_busy")
 PAIR_FAULTS = ("fabric_cut",)
 FAULTS = NODE_FAULTS + DEVICE_FAULTS + PAIR_FAULTS + RUNTIME_FAULTS

@@ -20,7 +20,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter import topology
 from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
-from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, recipes, speculative, values
+from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, recipes, speculative, values, versions
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 ENGINES = ("docker", "podman", "isula")
@@ -181,6 +181,12 @@ def _draft_problems(hostvars, first, where, drafts, target, itier):
     return problems
 
 
+def image_line(hostvars, host):
+    """The vLLM-Ascend line of the host's image (data/images.yml), or None for a tag the table does not know (the
+    plan refuses it, naming the table)."""
+    return versions.image_versions(hostvar(hostvars, host, "npuops_image"))["line"]
+
+
 def _model_problems(tier, name, members, hostvars, presets, drafts=None):
     """What one instance serves: its model preset and overrides, its recipe (for the tier), its model and tokenizer
     directories, its draft. -> (problems, the tier with the instance's recipe, or None when it cannot be chosen)."""
@@ -197,7 +203,8 @@ def _model_problems(tier, name, members, hostvars, presets, drafts=None):
     itier = target = None
     if tier is not None and model in presets:
         try:
-            recipe = recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None, tier["name"], model)
+            recipe = recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None, tier["name"], model,
+                                    image_line(hostvars, first))
             itier = recipes.tier_with_recipe(tier, recipe)
             if not problems:
                 target = model_spec(presets, model, hostvar(hostvars, first, "npuops_model_overrides", {}), recipe)
@@ -573,7 +580,8 @@ def instance_specs(groups, hostvars, presets, drafts=None):
         if model not in presets:
             raise AnsibleFilterError("instance_specs: npuops_model = %r (instance %s) is not a model preset" % (model, name))
         try:
-            recipe = recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None, tier_name, model)
+            recipe = recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None, tier_name, model,
+                                    image_line(hostvars, first))
         except recipes.RecipeError as e:
             raise AnsibleFilterError("instance_specs: instance %s: %s" % (name, e))
         overrides = hostvar(hostvars, first, "npuops_model_overrides", {}) or {}

@@ -13,6 +13,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import base64
+import json
 import re
 
 from ansible_collections.npuops.ascend.plugins.filter import gateway, monitoring
@@ -231,6 +233,85 @@ def image_rows(hosts_results, plan, containers):
     return rows, held
 
 
+FABRIC_MEM_RECORD = "/var/lib/npuops/instances/%s-fabric-mem.json"
+
+
+def fabric_mem_instances(containers, plan):
+    """The instances whose engines move KV through fabric memory as rendered (ASCEND_ENABLE_USE_FABRIC_MEM=1), with the
+    file on each one's first host that keeps preflight's finding: {instance: {host, path}}."""
+    out = {}
+    for name, inst in sorted(((plan or {}).get("instances") or {}).items()):
+        for h in inst.get("hosts") or []:
+            env = ((((containers or {}).get(h) or {}).get("engine") or {}).get("env") or {})
+            if str(env.get("ASCEND_ENABLE_USE_FABRIC_MEM")) == "1":
+                out[name] = {"host": inst["hosts"][0], "path": FABRIC_MEM_RECORD % name}
+                break
+    return out
+
+
+def fabric_mem_off(slurped):
+    """The instances whose kept finding says their KV moves without fabric memory: `slurped` is the registered
+    ansible.builtin.slurp loop over fabric_mem_instances' items (a finding that is missing or unreadable keeps the
+    recipe's fabric memory)."""
+    out = []
+    for res in (slurped or {}).get("results") or []:
+        try:
+            record = json.loads(base64.b64decode(res.get("content") or "").decode() or "{}")
+        except (ValueError, TypeError, AttributeError):
+            record = {}
+        if isinstance(record, dict) and record.get("fabric_mem") is False:
+            out.append(res["item"]["key"])
+    return sorted(out)
+
+
+def line_rows(hosts_results, plan, containers, held):
+    """What the image's vLLM-Ascend line asks of the nodes: fabric memory's prerequisites on every node of an instance
+    whose engines use it (a node short of them moves the instance to the fallback: info rows, and the instance in the
+    answer), and no jemalloc preload where the line refuses it. -> (rows, [instances that fall back])."""
+    rows, fallback = [], []
+    for name, inst in sorted(((plan or {}).get("instances") or {}).items()):
+        engines = [(h, ((containers or {}).get(h) or {}).get("engine") or {}) for h in inst.get("hosts") or []]
+        uses_fabric = [h for h, e in engines if str((e.get("env") or {}).get("ASCEND_ENABLE_USE_FABRIC_MEM")) == "1"]
+        short = []
+        for host in uses_fabric:
+            facts = (hosts_results.get(host) or {}).get("npu") or {}
+            img = held.get(host) or {}
+            got = (img.get("versions") or {}) if img.get("present") else {}
+            lacks = versions.fabric_mem_shortfall(facts.get("driver_version"), got.get("cann"), got.get("mooncake"))
+            if lacks:
+                short.append((host, lacks))
+        for host, lacks in short:
+            rows.append(row(host, "fabric_mem", "; ".join(lacks),
+                            "HDK >= %s, or >= %s with Mooncake >= %s; CANN >= %s (vllm-ascend kv_pool.md)" % (
+                                versions.FABRIC_MEM["hdk"], versions.FABRIC_MEM["hdk_with_mooncake"],
+                                versions.FABRIC_MEM["mooncake"], versions.FABRIC_MEM["cann"]),
+                            "instance %s moves KV over RoCE instead of fabric memory (deviation fabric_mem_fallback: "
+                            "HCCL_INTRA_ROCE_ENABLE=1); upgrade the HDK on %s to use fabric memory" % (name, host),
+                            severity="service"))
+        if short:
+            fallback.append(name)
+        for host, engine in engines:
+            img = held.get(host) or {}
+            info = versions.image_versions(engine.get("image"))
+            preloads = versions.jemalloc_preloads(img.get("preload")) if img.get("present") else []
+            if not info.get("refuses_jemalloc") or not preloads:
+                continue
+            cleared = [p for p in preloads if p.startswith("LD_PRELOAD=")]
+            stuck = [p for p in preloads if not p.startswith("LD_PRELOAD=")]
+            if cleared and (engine.get("env") or {}).get("LD_PRELOAD") == "":
+                rows.append(row(host, "jemalloc", "the image preloads jemalloc (%s)" % cleared[0],
+                                "no jemalloc preload on vLLM-Ascend %s" % info["line"],
+                                "nothing to do: the engine's environment clears it (deviation no_jemalloc_preload)",
+                                severity="service"))
+            for where in stuck + [p for p in cleared if (engine.get("env") or {}).get("LD_PRELOAD") != ""]:
+                rows.append(row(host, "jemalloc", "a process of %s on %s preloads jemalloc (%s)" % (
+                    engine.get("image"), host, where), "no jemalloc preload on vLLM-Ascend %s" % info["line"],
+                    "vLLM-Ascend %s on Atlas 800 A3 does not support a jemalloc preload (vllm-ascend #17155): remove it "
+                    "from %s (a preload file the container engine mounts, or the image's own), or use an image built "
+                    "without it (#17146)" % (info["line"], host)))
+    return rows, fallback
+
+
 def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, requirements=None,
                      strict=True, support=None, containers=None):
     """`hosts_results`: {host: {npu: facts or None, npu_result, host_check, hccn_check}}; `support`: the rows of the
@@ -238,6 +319,8 @@ def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, 
     are checked against what they really hold."""
     rows = list(support or [])
     found, images = image_rows(hosts_results, plan, containers)
+    rows.extend(found)
+    found, fabric_mem_off = line_rows(hosts_results, plan, containers, images)
     rows.extend(found)
     want_gen = tier.get("generation")
     want_dies = int(tier.get("dies_per_node", 16))
@@ -363,7 +446,7 @@ def preflight_report(hosts_results, tier, plan=None, capacity=None, image=None, 
     warnings = [x for x in rows if x["severity"] == "warning"]
     service = [x for x in rows if x["severity"] == "service"]
     return {"ok": not failures, "go": not failures or not strict, "failures": failures, "warnings": warnings,
-            "service": service, "hosts": sorted(hosts_results), "images": images,
+            "service": service, "hosts": sorted(hosts_results), "images": images, "fabric_mem_off": fabric_mem_off,
             "support_hosts": sorted(set(h for h, jobs in ((plan or {}).get("members") or {}).items()
                                         if set(jobs) & {"gateway", "prometheus"})),
             "table": format_table(rows)}
@@ -393,5 +476,6 @@ def format_table(rows):
 class FilterModule(object):
     def filters(self):
         return {"ping_mesh": ping_mesh, "preflight_report": preflight_report,
+                "fabric_mem_instances": fabric_mem_instances, "fabric_mem_off": fabric_mem_off,
                 "collect": collect, "preflight_gather": preflight_gather, "reach_targets": reach_targets,
                 "preflight_support_checks": support_checks, "preflight_support_rows": support_rows}

@@ -12,9 +12,12 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.npuops.ascend.plugins.plugin_utils import recipes
 
 
-def recipe_document(tier, model, name=None):
+def recipe_document(tier, model, name=None, image=None):
+    """The recipe of a tier + model preset: `name` when given, else the one validated on the image's vLLM-Ascend line
+    (data/images.yml)."""
+    from ansible_collections.npuops.ascend.plugins.plugin_utils import versions
     try:
-        return recipes.choose(name or None, tier, model)
+        return recipes.choose(name or None, tier, model, versions.image_versions(image)["line"] if image else None)
     except recipes.RecipeError as e:
         raise AnsibleFilterError("recipe_document: %s" % e)
 

@@ -15,12 +15,13 @@ __metaclass__ = type
 
 import copy
 import hashlib
+import re
 
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter.topology import DEFAULT_INSTANCE, instance_model
 from ansible_collections.npuops.ascend.plugins.module_utils import container, manifest, verdict, vllm_cli
-from ansible_collections.npuops.ascend.plugins.plugin_utils import board, recipes, speculative, values
+from ansible_collections.npuops.ascend.plugins.plugin_utils import board, recipes, speculative, values, versions
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 # the Kimi-K3 page, section 5.1.2.1: "python -c \"from memcache_hybrid import MetaService; MetaService.main()\""
@@ -96,6 +97,12 @@ def plan_values(entry, ports, hostvars, host, model, options, dies, pd=None, poo
         "service_model_name": options.get("service_model_name") or model.get("served_model_name"),
         "visible_devices": ",".join(str(i) for i in range(dies)),
         "mmc_local_conf": pool["local_conf"] if pool else None,
+        # the image's vLLM-Ascend line (data/images.yml), the draft's directory, and whether the instance's KV moves
+        # through fabric memory (preflight's finding, or the inventory's npuops_fabric_mem)
+        "line": ((options.get("recipe") or {}).get("selection") or {}).get("line"),
+        "draft_dir": (model.get("draft") or {}).get("dir"),
+        "fabric_mem": entry["instance"] not in (options.get("fabric_mem_off") or [])
+        and values.to_bool(hostvar(hostvars, host, "npuops_fabric_mem", True)),
         **(pd or {})
     }
 
@@ -348,9 +355,11 @@ def _shown(c):
     return out
 
 
-def plan_report(containers, plan):
+def plan_report(containers, plan, specs=None):
     """plan.yml's output: per host its role, ranks and every field of the container it gets (the dry run is the
-    deployment), per instance its proxy and endpoint, and the service's endpoint."""
+    deployment), per instance its proxy, endpoint and recipe choice (recipe_choices of `specs`, filter
+    instance_specs), and the service's endpoint."""
+    choices = recipe_choices(specs)
     hosts = {}
     for host, entry in sorted(plan["hosts"].items()):
         engine = containers[host]["engine"]
@@ -368,9 +377,47 @@ def plan_report(containers, plan):
             pool = {"host": inst["kv_pool"]["host"],
                     "container": _shown(containers[inst["kv_pool"]["host"]]["kv_pool"])}
         instances[name] = {"hosts": inst["hosts"], "endpoint": inst["endpoint"], "proxy": proxy, "kv_pool": pool,
-                           "shape": inst.get("shape"), "model": instance_model(inst)}
+                           "shape": inst.get("shape"), "model": instance_model(inst), "recipe": choices.get(name)}
     return {"tier": plan["tier"], "endpoint": plan["endpoint"], "hosts": hosts, "instances": instances,
             "gateway": plan.get("gateway")}
+
+
+def recipe_choices(specs):
+    """Per instance (filter instance_specs' answer), the recipe it follows and why: its source, the vLLM-Ascend line of
+    its image it was chosen for (and when the image is newer than every recipe), what upstream has since published in
+    its place, and an image whose tag names another hardware generation than the tier's. -> {instance: {recipe,
+    source, lines, line, note, superseded, warnings}}."""
+    out = {}
+    for name, spec in sorted((specs or {}).items()):
+        recipe, tier = spec["recipe"], spec.get("tier") or {}
+        selection = recipe.get("selection") or {}
+        tag = versions.image_tag(spec.get("image")) or ""
+        warnings = []
+        # vllm-ascend's image workflow (.github/workflows/schedule_image_build_and_push.yaml): -a3[-openeuler] are the
+        # A3 builds (Dockerfile.a3*), no suffix or -openeuler the A2 (910B) ones
+        if tier.get("generation") == "A3" and tag and not re.search(r"(^|-)a3(-|$)", tag):
+            warnings.append("npuops_image %s: by vllm-ascend's image naming a tag without -a3 is an A2 (910B) build "
+                            "(-a3 and -a3-openeuler are the A3 ones); tier %s runs on A3" % (spec.get("image"),
+                                                                                             tier.get("name")))
+        out[name] = {"recipe": recipe["name"], "source": (recipe.get("source") or {}).get("title"),
+                     "lines": [str(x) for x in recipe.get("lines") or []], "line": selection.get("line"),
+                     "note": selection.get("note"), "superseded": recipe.get("superseded"), "warnings": warnings}
+    return out
+
+
+def recipe_choice_lines(specs):
+    """plan.yml's lines of recipe_choices."""
+    lines = []
+    for name, c in sorted(recipe_choices(specs).items()):
+        lines.append("instance %s: recipe %s, validated on vLLM-Ascend %s; the image's line: %s" % (
+            name, c["recipe"], ", ".join(c["lines"]) or "(none named)", c["line"] or "unknown"))
+        lines.append("  source: %s" % c["source"])
+        if c["note"]:
+            lines.append("  note: %s" % c["note"])
+        if c["superseded"]:
+            lines.append("  superseded upstream: %s (%s)" % (c["superseded"]["by"], c["superseded"]["source"]))
+        lines.extend("  warning: %s" % w for w in c["warnings"])
+    return lines
 
 
 def recipe_diff_lines(containers):
@@ -488,4 +535,4 @@ class FilterModule(object):
                 "serve_restore_source": restore_source, "serve_restarts": serve_restarts, "plan_report": plan_report,
                 "kv_pool_problems": kv_pool_problems,
                 "board_dirs": board_dirs, "serve_leftovers": serve_leftovers, "recipe_diff_lines": recipe_diff_lines,
-                "serve_deployment_record": deployment_record}
+                "serve_deployment_record": deployment_record, "recipe_choice_lines": recipe_choice_lines}

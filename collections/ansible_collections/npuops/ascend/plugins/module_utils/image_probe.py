@@ -5,7 +5,9 @@
 (`<engine> image inspect`), and the versions of vllm, vllm_ascend, torch_npu and torch from their package metadata
 plus CANN's from the toolkit's install info, read by a few lines of Python in a throw-away container of the image
 (`run --rm --network none --entrypoint python3`; the vLLM-Ascend tutorial's own check is `pip show vllm
-vllm-ascend`, and vllm-ascend's collect_env.py reads ascend_toolkit_install.info).
+vllm-ascend`, and vllm-ascend's collect_env.py reads ascend_toolkit_install.info). The same container says which
+Mooncake transfer engine the image carries (vllm-ascend's Dockerfile installs mooncake-transfer-engine-npu with pip)
+and what a process in it preloads (LD_PRELOAD, /etc/ld.so.preload): what the engine's process would get.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -23,7 +25,8 @@ import glob, json
 from importlib import metadata
 out = {}
 for key, names in (("vllm", ("vllm",)), ("vllm_ascend", ("vllm_ascend", "vllm-ascend")),
-                   ("torch_npu", ("torch_npu", "torch-npu")), ("torch", ("torch",))):
+                   ("torch_npu", ("torch_npu", "torch-npu")), ("torch", ("torch",)),
+                   ("mooncake", ("mooncake-transfer-engine-npu", "mooncake-transfer-engine", "mooncake"))):
     out[key] = None
     for name in names:
         try:
@@ -38,9 +41,17 @@ for path in sorted(glob.glob("/usr/local/Ascend/ascend-toolkit/latest/*-linux/as
             if line.startswith("version="):
                 out["cann"] = line.split("=", 1)[1].strip()
                 break
+import os
+preload = {"env": os.environ.get("LD_PRELOAD") or None, "file": None}
+try:
+    with open("/etc/ld.so.preload") as f:
+        preload["file"] = f.read().strip() or None
+except OSError:
+    pass
+out["preload"] = preload
 print(json.dumps(out))
 """
-PACKAGES = ("vllm", "vllm_ascend", "torch_npu", "torch", "cann")
+PACKAGES = ("vllm", "vllm_ascend", "torch_npu", "torch", "cann", "mooncake")
 
 
 def inspect_argv(engine_name, image):
@@ -67,12 +78,21 @@ def parse_versions(text):
     return dict((k, data.get(k)) for k in PACKAGES)
 
 
+def parse_preload(text):
+    """What a process in the image preloads: {env: LD_PRELOAD, file: /etc/ld.so.preload} (None each when nothing)."""
+    lines = [line for line in (text or "").splitlines() if line.strip().startswith("{")]
+    data = json.loads(lines[-1]) if lines else {}
+    preload = data.get("preload") or {}
+    return {"env": preload.get("env"), "file": preload.get("file")}
+
+
 def read(run, cli, image, timeout):
     """-> {image, present, id, digest, versions, error}. `run(argv, timeout) -> (rc, stdout, stderr)` (proc.run), `cli`
     the container CLI's path. Standard library only (the NPU exporter runs it on the nodes); each call bounded by
     `timeout`."""
     name = os.path.basename(cli)
-    out = {"image": image, "present": False, "id": None, "digest": None, "versions": None, "error": None}
+    out = {"image": image, "present": False, "id": None, "digest": None, "versions": None, "preload": None,
+           "error": None}
     argv = [cli] + inspect_argv(name, image)
     rc, stdout, stderr = run(argv, timeout)
     if rc == proc.TIMED_OUT:
@@ -103,6 +123,7 @@ def read(run, cli, image, timeout):
         return out
     try:
         out["versions"] = parse_versions(stdout)
+        out["preload"] = parse_preload(stdout)
     except ValueError as e:
         out["error"] = "reading the package versions in %s: %s" % (image, e)
     return out

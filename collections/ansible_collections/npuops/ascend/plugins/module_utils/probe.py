@@ -10,6 +10,7 @@ __metaclass__ = type
 
 import base64
 import json
+import math
 import time
 
 from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import (
@@ -30,6 +31,31 @@ def row(name, ok, detail, latency):
 
 def _message(resp):
     return ((resp.get("choices") or [{}])[0]).get("message") or {}
+
+
+def answer_problem(resp, max_tokens):
+    """What is wrong with a chat answer that came with HTTP 200, or None: not exactly one choice, a null choice, or its
+    token log-probabilities (asked for) missing, not one per generated token (usage.completion_tokens; max_tokens when
+    it stopped on length), or not finite numbers."""
+    choices = resp.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1:
+        return "%s choice(s) where one was asked" % (len(choices) if isinstance(choices, list) else "no")
+    choice = choices[0]
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+        return "its choice is null"
+    content = ((choice.get("logprobs") or {}).get("content")) if isinstance(choice.get("logprobs"), dict) else None
+    if not content:
+        return "no token log-probabilities, which were asked for"
+    wanted = (resp.get("usage") or {}).get("completion_tokens")
+    if choice.get("finish_reason") == "length":
+        wanted = max_tokens
+    if wanted is not None and len(content) != int(wanted):
+        return "%d token log-probabilities for %s generated tokens" % (len(content), wanted)
+    bad = [i for i, t in enumerate(content) if not isinstance(t, dict) or isinstance(t.get("logprob"), bool)
+           or not isinstance(t.get("logprob"), (int, float)) or math.isnan(t["logprob"]) or math.isinf(t["logprob"])]
+    if bad:
+        return "%d of %d token log-probabilities are not finite (first at token %d)" % (len(bad), len(content), bad[0])
+    return None
 
 
 def run_checks(client, model=None, checks=ALL, health_path="/health", long_prompt_tokens=8000, max_tokens=256,
@@ -84,13 +110,19 @@ def run_checks(client, model=None, checks=ALL, health_path="/health", long_promp
 
     def chat_once():
         if state["chat"] is None:
+            # with log-probabilities: "An HTTP 200 response alone is not a sufficient pass condition" (the vLLM-Ascend
+            # Kimi-K3 guide, vllm-ascend #14454: one non-null choice, the requested number of finite log-probabilities)
             state["chat"], _s = client.post("/v1/chat/completions", {
                 "model": state["model"], "messages": [{"role": "user", "content": QUESTION}],
-                "max_tokens": max_tokens, "temperature": 0})
+                "max_tokens": max_tokens, "temperature": 0, "logprobs": True})
         return state["chat"]
 
     def chat():
-        content = _message(chat_once()).get("content") or ""
+        resp = chat_once()
+        whole = answer_problem(resp, max_tokens)
+        if whole:
+            return False, "HTTP 200, but %s (an HTTP 200 alone is no pass: the vLLM-Ascend Kimi-K3 guide)" % whole
+        content = _message(resp).get("content") or ""
         if ANSWER in content:
             return True, "answer: %s" % content[:160].replace("\n", " ")
         return False, ("wrong answer (17*23 is %s; garbage like this usually means HCCL runs without device "

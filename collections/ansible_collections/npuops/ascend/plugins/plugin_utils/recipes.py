@@ -22,7 +22,7 @@ import re
 import shlex
 
 from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
-from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
+from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, versions
 
 # `$NAME`, `${NAME}`, the positional `$1`..`$9` of a launch script, and `<NAME>` placeholders
 VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\d|[A-Za-z_]\w*)|<([A-Z][A-Z0-9_]*)>")
@@ -87,30 +87,80 @@ def all_recipes():
 
 
 def default_for(tier, model, docs=None):
-    """The recipe a tier + model preset gets when the inventory names none, or None."""
+    """The recipe a tier + model preset gets when the inventory names none and the image's line is not known, or
+    None."""
     for name, doc in sorted((docs if docs is not None else all_recipes()).items()):
         if doc.get("default") and doc["tier"] == tier and model in (doc.get("models") or []):
             return name
     return None
 
 
-def choose(name, tier, model):
-    """The recipe document the inventory chooses (``npuops_recipe``), or the tier + preset's default; an error that
-    says what to do when there is none or it does not fit."""
+def _lines_text(doc):
+    return "vLLM-Ascend %s" % ", ".join(str(x) for x in doc.get("lines") or []) if doc.get("lines") else "no line named"
+
+
+def _newest(doc):
+    ranks = [versions.line_rank(x) for x in doc.get("lines") or []]
+    return max([r for r in ranks if r is not None] or [-1])
+
+
+def _oldest(doc):
+    ranks = [versions.line_rank(x) for x in doc.get("lines") or []]
+    return min([r for r in ranks if r is not None] or [-1])
+
+
+def _for_line(name, doc, line):
+    """The recipe as chosen for an image of `line`: -> (doc with ``selection`` {line, note}); RecipeError when the
+    line is older than the recipe allows or falls between its lines."""
+    rank = versions.line_rank(line)
+    selection = {"line": line, "note": None}
+    if rank is None or not doc.get("lines") or str(line) in [str(x) for x in doc["lines"]]:
+        return dict(doc, selection=selection)
+    if rank > _newest(doc):
+        selection["note"] = ("the image's vLLM-Ascend line %s is newer than every line recipe %s was validated on (%s): "
+                             "it plans with it, the newest recipe that fits" % (line, name, _lines_text(doc)))
+        return dict(doc, selection=selection)
+    raise RecipeError("recipe %s was validated on %s; the image's line %s is %s: use an image of %s, or another "
+                      "recipe" % (name, _lines_text(doc), line, "older" if rank < _oldest(doc) else "not one of them",
+                                  " or ".join(str(x) for x in doc["lines"])))
+
+
+def choose(name, tier, model, line=None):
+    """The recipe document the inventory chooses (``npuops_recipe``), else the recipe of the tier + preset that was
+    validated on the image's vLLM-Ascend line (``line``, from data/images.yml); an image newer than every such recipe
+    plans with the newest one (said in ``selection.note``); an older one, or one between the recipes' lines, is
+    refused naming both. Without a known line, the tier + preset's default. -> the document with ``selection``
+    {line, note}."""
     docs = all_recipes()
-    if not name:
+    if name:
+        if name not in docs:
+            raise RecipeError("recipe %r is not one of %s (data/recipes)" % (name, ", ".join(sorted(docs))))
+        doc = docs[name]
+        if doc["tier"] != tier:
+            raise RecipeError("npuops_recipe %s is a recipe for tier %s, the inventory's tier is %s; use one of %s"
+                              % (name, doc["tier"], tier,
+                                 ", ".join(n for n, d in sorted(docs.items()) if d["tier"] == tier) or "none"))
+        return _for_line(name, doc, line)
+    fitting = dict((n, d) for n, d in docs.items() if d["tier"] == tier and model in (d.get("models") or []))
+    if versions.line_rank(line) is None or not fitting:
         name = default_for(tier, model, docs)
         if name is None:
             raise RecipeError("no recipe is the default for tier %s with model preset %s; set npuops_recipe to one of "
                               "%s (docs/recipes.md)" % (tier, model, ", ".join(sorted(docs))))
-    if name not in docs:
-        raise RecipeError("recipe %r is not one of %s (data/recipes)" % (name, ", ".join(sorted(docs))))
-    doc = docs[name]
-    if doc["tier"] != tier:
-        raise RecipeError("npuops_recipe %s is a recipe for tier %s, the inventory's tier is %s; use one of %s"
-                          % (name, doc["tier"], tier,
-                             ", ".join(n for n, d in sorted(docs.items()) if d["tier"] == tier) or "none"))
-    return doc
+        return dict(docs[name], selection={"line": line, "note": None})
+    on_line = sorted(n for n, d in fitting.items() if str(line) in [str(x) for x in d.get("lines") or []])
+    if on_line:
+        # several recipes of one line: the tier's default among them
+        name = ([n for n in on_line if fitting[n].get("default")] or on_line)[0]
+        return dict(fitting[name], selection={"line": line, "note": None})
+    newest = max(sorted(fitting), key=lambda n: (_newest(fitting[n]), bool(fitting[n].get("default"))))
+    if versions.line_rank(line) > _newest(fitting[newest]):
+        return _for_line(newest, fitting[newest], line)
+    oldest = min(_oldest(d) for d in fitting.values())
+    raise RecipeError("no recipe of tier %s for model preset %s was validated on the image's vLLM-Ascend line %s%s: "
+                      "%s; use an image of one of those lines (data/images.yml), or name a recipe in npuops_recipe"
+                      % (tier, model, line, " (older than every one of them)" if versions.line_rank(line) < oldest
+                         else "", "; ".join("%s (%s)" % (n, _lines_text(d)) for n, d in sorted(fitting.items()))))
 
 
 def model_values(recipe, preset):
@@ -245,6 +295,11 @@ def render(recipe, role, values):
     if role not in roles:
         raise RecipeError("%s: the recipe has no such role (it has %s)" % (where, ", ".join(sorted(roles))))
     bound = dict((var, values.get(field)) for var, field in (recipe.get("variables") or {}).items())
+    # what the source computes from its variables (a JSON built with printf): the template as published, bound; a
+    # variable without a value stays as the source wrote it (a deviation row removes what needs it). The source
+    # writes it in double quotes ("$SPECULATIVE_CONFIG"), where the shell keeps its quotes: escaped for that
+    for var, template in (recipe.get("computed") or {}).items():
+        bound[var] = re.sub(r'([\\"])', r"\\\1", bind(template, bound, where, strict=False))
     spec = command_spec(bind(roles[role]["command"], bound, where), where)
     env = {}
     for layer in (recipe.get("env"), roles[role].get("env")):
@@ -252,8 +307,15 @@ def render(recipe, role, values):
     return spec, env
 
 
-def applies(row, recipe, role, entry):
+def applies(row, recipe, role, entry, values=None):
     when = row.get("when") or {}
+    values = values or {}
+    if when.get("lines") and str(values.get("line")) not in [str(x) for x in when["lines"]]:
+        return False
+    if "draft" in when and bool(values.get("draft_dir")) != bool(when["draft"]):
+        return False
+    if "fabric_mem" in when and bool(values.get("fabric_mem", True)) != bool(when["fabric_mem"]):
+        return False
     if when.get("recipes") and recipe["name"] not in when["recipes"]:
         return False
     if when.get("roles") and role not in when["roles"]:
@@ -277,7 +339,8 @@ def apply_deviations(recipe, role, entry, values, spec, env, rows=None, late=Fal
     ``late`` true, the others with it false."""
     applied = []
     for row in rows if rows is not None else deviations():
-        if "container" in row or bool(row.get("after_overrides")) != late or not applies(row, recipe, role, entry):
+        if "container" in row or bool(row.get("after_overrides")) != late or not applies(row, recipe, role, entry,
+                                                                                          values):
             continue
         target, key = (spec, row["flag"]) if "flag" in row else (env, row["env"])
         if row.get("if_absent") and key in target:

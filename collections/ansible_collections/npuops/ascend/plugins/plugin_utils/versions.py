@@ -56,8 +56,20 @@ def image_versions(image, data=None):
     for line in data.get("images") or []:
         if tag is not None and re.search(line["tag_pattern"], tag):
             return dict(line_versions(line, data, tag), digest=image_digest(image))
-    return {"tag": tag, "digest": image_digest(image), "known": False, "vllm": None, "vllm_ascend": None, "proxy": None, "min_driver": None,
-            "min_cann": None}
+    return {"tag": tag, "digest": image_digest(image), "known": False, "vllm": None, "vllm_ascend": None, "line": None,
+            "proxy": None, "min_driver": None, "min_cann": None}
+
+
+def lines(data=None):
+    """vLLM-Ascend's release lines, oldest first (data/images.yml `lines`)."""
+    data = data if data is not None else table()
+    return [str(x) for x in data.get("lines") or []]
+
+
+def line_rank(line, data=None):
+    """The position of a line among lines() (newer is larger), or None for a line the table does not list."""
+    order = lines(data)
+    return order.index(str(line)) if line is not None and str(line) in order else None
 
 
 def with_registrations(caps, registers):
@@ -79,7 +91,11 @@ def missing(needs, caps):
 def line_versions(line, data=None, tag=None):
     """image_versions() of one line of the table."""
     data = data if data is not None else table()
-    out = dict(line, tag=tag, known=True, vllm=str(line["vllm"]), vllm_ascend=str(line["vllm_ascend"]))
+    out = dict(line, tag=tag, known=True, vllm=str(line["vllm"]), vllm_ascend=str(line["vllm_ascend"]),
+               line=str(line.get("line") or line["vllm_ascend"]))
+    # what the line's images carry besides vLLM (CANN, Mooncake) and what it refuses; an image's own entry wins
+    for key, value in ((data.get("line_facts") or {}).get(out["line"]) or {}).items():
+        out.setdefault(key, value)
     out.update((data.get("vllm") or {}).get(out["vllm"]) or {})
     # what vllm-ascend registers on top of vLLM in this image serves as well as vLLM's own
     registers = line.get("vllm_ascend_registers") or {}
@@ -187,3 +203,47 @@ def held_problems(needs, held, image, where, data=None):
         warnings.append("%s holds vLLM %s, its tag's line says %s: the tag was moved or the image was built from "
                         "elsewhere; pin the digest" % (image, (held or {}).get("vllm"), info["vllm"]))
     return errors, warnings
+
+
+# Fabric memory on Atlas 800 A3 (ASCEND_ENABLE_USE_FABRIC_MEM=1, "unified memory address direct transmission"):
+# vllm-ascend docs/source/user_guide/feature_guide/kv_pool.md (#14551), the "800 I/T A3 series" row: "HDK >= 26.0 or
+# HDK >= 25.5 with mooncake >= v0.3.11, CANN >= 9.0.0, LingQu Computing Network >= 1.5". LingQu's version is not read
+# (no tool prints it that npuops knows); npuops_fabric_mem: false is the operator's way to say it is older.
+FABRIC_MEM = {"hdk": "26.0", "hdk_with_mooncake": "25.5", "mooncake": "0.3.11", "cann": "9.0.0"}
+
+
+def _vt(text):
+    from ansible_collections.npuops.ascend.plugins.module_utils.npu_smi import version_tuple
+    return version_tuple(text)
+
+
+def fabric_mem_shortfall(hdk, cann, mooncake):
+    """What a node lacks for fabric memory ([] when it has it): its HDK (driver), the CANN and Mooncake its engine's
+    image carries; a version that could not be read counts as lacking (nothing proves it)."""
+    out = []
+    if not hdk:
+        out.append("its HDK (driver) version could not be read")
+    elif _vt(hdk) < _vt(FABRIC_MEM["hdk"]):
+        if _vt(hdk) < _vt(FABRIC_MEM["hdk_with_mooncake"]):
+            out.append("HDK %s < %s" % (hdk, FABRIC_MEM["hdk_with_mooncake"]))
+        elif not mooncake:
+            out.append("HDK %s < %s and the image's Mooncake version could not be read (>= %s needed below HDK %s)"
+                       % (hdk, FABRIC_MEM["hdk"], FABRIC_MEM["mooncake"], FABRIC_MEM["hdk"]))
+        elif _vt(mooncake) < _vt(FABRIC_MEM["mooncake"]):
+            out.append("HDK %s < %s with Mooncake %s < %s" % (hdk, FABRIC_MEM["hdk"], mooncake, FABRIC_MEM["mooncake"]))
+    if not cann:
+        out.append("the image's CANN version could not be read")
+    elif _vt(cann) < _vt(FABRIC_MEM["cann"]):
+        out.append("CANN %s < %s" % (cann, FABRIC_MEM["cann"]))
+    return out
+
+
+def jemalloc_preloads(preload):
+    """Where a process of the image preloads jemalloc ({env, file} as image_probe reads it): ["LD_PRELOAD=...",
+    "/etc/ld.so.preload: ..."]."""
+    out = []
+    if "jemalloc" in str((preload or {}).get("env") or ""):
+        out.append("LD_PRELOAD=%s" % preload["env"])
+    if "jemalloc" in str((preload or {}).get("file") or ""):
+        out.append("/etc/ld.so.preload: %s" % " ".join(str(preload["file"]).split()))
+    return out

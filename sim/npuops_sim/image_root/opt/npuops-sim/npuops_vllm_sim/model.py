@@ -113,6 +113,30 @@ OVERFLOW_BLOCKS = 29077
 ARITHMETIC = re.compile(r"(-?\d+)\s*([-+*x×])\s*(-?\d+)")
 
 
+def nonfinite():
+    """The `nonfinite` fault: a tensor of the engine turned non-finite (NaN / inf), as vLLM-Ascend's Kimi-K3 FAQ describes
+    ("a worker abort, a non-finite tensor, or a graph replay failure"): every request still answers HTTP 200, but its
+    token log-probabilities are not finite numbers."""
+    return has_fault("nonfinite")
+
+
+def chat_logprobs(steps, body):
+    """A chat choice's `logprobs` when the request asks for them ("logprobs": true): one entry per generated token
+    (vLLM's ChatCompletionLogProbsContent: token, logprob, bytes, top_logprobs), else None. A non-finite log-probability
+    reaches the client as null (pydantic serializes NaN and inf as null in JSON: ser_json_inf_nan='null')."""
+    if not body.get("logprobs"):
+        return None
+    bad = nonfinite()
+    k = int(body.get("top_logprobs") or 0)
+    out = []
+    for i, (_field, piece) in enumerate(steps):
+        value = None if bad else -round(0.001 + 0.05 * (i % 7), 4)
+        entry = {"token": piece, "logprob": value, "bytes": list(piece.encode("utf-8"))}
+        entry["top_logprobs"] = [{"token": piece, "logprob": value, "bytes": entry["bytes"]}][:k]
+        out.append(entry)
+    return {"content": out}
+
+
 def stop_strings(body):
     stop = body.get("stop")
     return [stop] if isinstance(stop, str) else [w for w in (stop or []) if isinstance(w, str) and w]
@@ -542,8 +566,9 @@ class Engine(object):
             field = versions.vllm()["reasoning_field"]
             msg = {"role": "assistant", "content": None if calls else text["content"], field: text[field],
                    "tool_calls": calls or []}
+            logprobs = chat_logprobs(steps, req["body"])
             return {"id": req["id"], "object": "chat.completion", "created": int(time.time()), "model": self.served,
-                    "choices": [{"index": i, "message": msg, "logprobs": None, "finish_reason": reason,
+                    "choices": [{"index": i, "message": msg, "logprobs": logprobs, "finish_reason": reason,
                                  "stop_reason": stop_reason} for i in range(choices)], "usage": usage}
         return {"id": req["id"], "object": "text_completion", "created": int(time.time()), "model": self.served,
                 "choices": [{"index": i, "text": text["text"] or "", "logprobs": None, "finish_reason": reason,

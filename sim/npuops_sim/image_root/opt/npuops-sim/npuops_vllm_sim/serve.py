@@ -99,6 +99,32 @@ def check_shm(local_world):
             "processes are hanging or doing some time-consuming work (/dev/shm is %d MB)" % (size >> 20))
 
 
+def check_preload():
+    """A jemalloc preload (LD_PRELOAD, /etc/ld.so.preload) on a line that refuses it: "The current Kimi K3
+    configuration on Atlas 800 A3 with vLLM-Ascend v0.27.1rc does not support LD_PRELOAD=/usr/lib64/libjemalloc.so.2"
+    (vllm-ascend #17155). Upstream published no log of the failure; the stand-in crashes the way a process does
+    (SIGSEGV, exit 139), which is what the closest public report shows (a segfault of Kimi-K3 on 0.27.x on A3, #16773,
+    cause not established)."""
+    if not versions.line().get("refuses_jemalloc"):
+        return
+    where = []
+    if "jemalloc" in os.environ.get("LD_PRELOAD", ""):
+        where.append("LD_PRELOAD=%s" % os.environ["LD_PRELOAD"])
+    try:
+        with open("/etc/ld.so.preload") as f:
+            text = f.read()
+        if "jemalloc" in text:
+            where.append("/etc/ld.so.preload")
+    except OSError:
+        pass
+    if where:
+        log("INFO", "preloaded: %s" % ", ".join(where))
+        sys.stderr.write("Fatal Python error: Segmentation fault\n\nCurrent thread (most recent call first):\n"
+                         "  <no Python frame>\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
 def check_network():
     """HCCL_IF_IP / VLLM_HOST_IP must belong to this node, on the NIC *_SOCKET_IFNAME names."""
     nics = local_addresses()
@@ -721,6 +747,7 @@ def run(args):
 
     if not args.headless:
         check_parsers(args)
+    check_preload()
     check_network()
     check_devices(local_world)
     multi_node = args.nnodes > 1 or dp > dp_local or bool(kv)

@@ -34,3 +34,10 @@ def proxy():
     """The emulated vllm-ascend PD proxy: routes, prefill_error, decode_error, line."""
     line = os.environ.get("NPUOPS_SIM_PROXY") or str(table()["images"][0]["proxy"])
     return dict(table()["proxy"][line], line=line)
+
+
+def line():
+    """The emulated vLLM-Ascend release line (NPUOPS_SIM_LINE) and what the table says of it: {name, cann, mooncake,
+    refuses_jemalloc}."""
+    name = os.environ.get("NPUOPS_SIM_LINE") or ""
+    return dict((table().get("line_facts") or {}).get(name) or {}, name=name)

@@ -81,7 +81,7 @@ def test_wrong_tier_model_count_and_paths(presets):
     groups, hv = good()
     for h in hv:
         hv[h]["npuops_tier"] = "3node"
-    assert "npuops_tier = '3node' is not a tier; set it to one of 2node_pp, 4node_dp, 8node_a2_dp, 8node_dp, 8p8d_pd" in \
+    assert "npuops_tier = '3node' is not a tier; set it to one of 2node_pp, 4node_dp, 4p4d_pd, 8node_a2_dp, 8node_dp, 8p8d_pd" in \
         check(groups, hv, presets)[0]
 
 
@@ -272,6 +272,8 @@ def test_a_memcache_kv_pool_needs_a_tier_that_has_one(presets):
 
 def test_replicas_may_serve_different_weights_but_each_instance_one(presets):
     groups, hv = two_instances()
+    for h in groups["npu_nodes"][:4]:  # instance a: the tutorial's image, so its recipe (chosen by the image's line)
+        hv[h]["npuops_image"] = "quay.io/ascend/vllm-ascend:nightly-main-a3"
     for h in groups["npu_nodes"][4:]:
         hv[h].update(npuops_model_dir="/data/models/k3-v2", npuops_model_overrides={"served_model_name": "k3-v2"},
                      npuops_recipe="vllm_ascend_kimi_k3_4node_a3")

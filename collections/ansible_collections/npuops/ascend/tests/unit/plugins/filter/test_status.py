@@ -113,7 +113,7 @@ def test_status_names_the_model_each_instance_serves_and_asks_each_for_its_own()
         hv[h]["c"] = {"containers": {"vllm": {"exists": True, "running": True, "ours": True, "status": "running"}}}
     got = status.service_status(plan, hv, containers, "c", {"a": probe(), "b": probe()})
     assert got["instances"]["b"]["model"] == {"served_model_name": "k3-v2", "preset": "kimi_k3_w4a8",
-                                              "model_dir": "/data/models/k3-v2", "recipe": "kimi_k3_tutorial_4node_a3",
+                                              "model_dir": "/data/models/k3-v2", "recipe": "vllm_ascend_kimi_k3_4node_a3",
                                               "draft": None, "num_speculative_tokens": None}
     assert got["summary"][1].startswith("b: healthy (node05, node06, node07, node08) - a token in 0.10s through ")
     assert got["summary"][1].endswith("; serves k3-v2 from /data/models/k3-v2"), got["summary"]

@@ -138,6 +138,6 @@ def test_bad_pd_settings_are_refused(change, message):
 def test_every_tier_document_of_the_collection_is_sound():
     from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
     tiers = catalog.tiers()
-    assert sorted(tiers) == ["2node_pp", "4node_dp", "8node_a2_dp", "8node_dp", "8p8d_pd"]
+    assert sorted(tiers) == ["2node_pp", "4node_dp", "4p4d_pd", "8node_a2_dp", "8node_dp", "8p8d_pd"]
     for tier in tiers.values():
         assert topology.tier_problems(tier) == [], tier["name"]

@@ -49,7 +49,8 @@ def test_read_inspects_then_runs_the_script_without_network_or_entrypoint():
 
 def test_an_image_not_pulled_yet_is_not_present_and_a_failed_run_is_an_error():
     eng, _calls = engine([(125, "", "Error: no such image: x")])
-    absent = {"image": "x", "present": False, "id": None, "digest": None, "versions": None, "error": None}
+    absent = {"image": "x", "present": False, "id": None, "digest": None, "versions": None, "preload": None,
+              "error": None}
     assert image_probe.read(eng, "/usr/bin/docker", "x", 5) == absent
     eng, _calls = engine([(0, json.dumps([{"Id": "i"}]), ""), (127, "", "exec: python3: not found")])
     out = image_probe.read(eng, "/usr/bin/docker", "x", 5)
@@ -57,3 +58,22 @@ def test_an_image_not_pulled_yet_is_not_present_and_a_failed_run_is_an_error():
     eng, calls = engine([(proc.TIMED_OUT, "", "")])
     assert image_probe.read(eng, "/usr/bin/isula", "x", 5)["error"] == "/usr/bin/isula inspect x did not answer within 5s"
     assert calls[0][0] == ["/usr/bin/isula", "inspect", "x"]
+
+
+def test_the_script_reads_the_mooncake_wheel_and_what_a_process_preloads(tmp_path):
+    """vllm-ascend's Dockerfile installs the transfer engine as mooncake-transfer-engine-npu; a process of the image
+    preloads what LD_PRELOAD names (the image's ENV) and /etc/ld.so.preload lists (which the environment cannot
+    clear)."""
+    import os
+    d = tmp_path / "mooncake_transfer_engine_npu-0.3.11.post1.dist-info"
+    d.mkdir()
+    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: mooncake-transfer-engine-npu\nVersion: 0.3.11.post1\n")
+    env = dict(os.environ, LD_PRELOAD="/usr/lib64/libjemalloc.so.2")
+    out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r)\n" % str(tmp_path) +
+                          image_probe.SCRIPT], capture_output=True, text=True, timeout=60, check=True, env=env).stdout
+    assert image_probe.parse_versions(out)["mooncake"] == "0.3.11.post1"
+    preload = image_probe.parse_preload(out)
+    assert preload["env"] == "/usr/lib64/libjemalloc.so.2"
+    # this machine has no /etc/ld.so.preload (or what it lists): the script reads the file, whatever it holds
+    expected = open("/etc/ld.so.preload").read().strip() or None if os.path.exists("/etc/ld.so.preload") else None
+    assert preload["file"] == expected

@@ -75,10 +75,11 @@ TUTORIAL_ENV = {
 
 
 def plan_containers(tier_name, preset, recipe_name=None, overrides=None):
-    nodes = catalog.load("tiers/" + tier_name)["nodes"]
-    groups, hv = inventory(nodes)
-    if tier_name == "8p8d_pd":
-        groups.update(prefill=groups["npu_nodes"][:8], decode=groups["npu_nodes"][8:])
+    doc = catalog.load("tiers/" + tier_name)
+    groups, hv = inventory(doc["nodes"])
+    if any(g.get("kv_role") for g in doc["groups"]):
+        prefill = doc["groups"][0]["nodes"]
+        groups.update(prefill=groups["npu_nodes"][:prefill], decode=groups["npu_nodes"][prefill:])
         for h in hv:
             hv[h]["npuops_proxy_host"] = "node01"
     tier, model, opts = rendered(tier_name, preset, recipe_name, overrides)
