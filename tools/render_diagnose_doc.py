@@ -57,8 +57,9 @@ One finding per cause keeps the line of its most specific signature or code. Eac
 else low. Findings are ordered by confidence, then by the earliest line - the rank that failed first - except
 that a **wait** (an HCCL or store timeout: a peer did not answer) follows every cause of at least medium
 confidence seen no later than it, and a **consequence** every failure prints (`EngineDeadError`, a worker dying
-after another, a shutdown traceback) follows every cause. Findings of equal confidence are marked `tied` and
-shown together, highest first.
+after another, a shutdown traceback) follows every cause. A wait its writer logs as a warning or a note (vLLM repeats
+its shared-memory broadcast note while a reader compiles) is still waiting, no failure: it names its cause at low
+confidence only. Findings of equal confidence are marked `tied` and shown together, highest first.
 
 A log with an error line always gets a finding. When no cause reaches medium confidence the first finding is
 `other`: the earliest failing rank's first error line (the last line of its first traceback, consequences passed

@@ -348,13 +348,23 @@ def body(text):
     return PREFIX.sub("", text, count=1)
 
 
+def _note(head, rest):
+    """Did the writer log the line as a warning or a note (its level header says WARNING, INFO or DEBUG)?"""
+    return bool(re.search(r"\b(?:WARNING|WARN|INFO|DEBUG)\b", head) or re.match(r"\s*(?:WARNING|WARN|INFO|DEBUG)\b", rest)
+                or re.search(r"\[(?:W|WARNING|INFO|I)\]", rest[:40]))
+
+
+def is_note(text):
+    head = PREFIX.match(text)
+    return _note(head.group(0), text[head.end():])
+
+
 def is_error(text):
     """Does the line report an error: an ERROR / CRITICAL level, a CANN or torch_npu code, an exception, a traceback,
     a process that died."""
     head = PREFIX.match(text)
     rest = text[head.end():]
-    if (re.search(r"\b(?:WARNING|WARN|INFO|DEBUG)\b", head.group(0)) or re.match(r"\s*(?:WARNING|WARN|INFO|DEBUG)\b", rest)
-            or re.search(r"\[(?:W|WARNING|INFO|I)\]", rest[:40])):
+    if _note(head.group(0), rest):
         return bool(EXCEPTION.match(rest.strip()))  # a warning or note reports an error only as an exception
     return bool(LEVEL.search(text[:200]) or EXCEPTION.match(rest.strip()) or FATAL.search(rest))
 
@@ -539,6 +549,10 @@ def analyze(lines, signatures, facts=None, limit=20):
     hits = match(lines, signatures)
     by_cause, others = {}, []
     for s, line in hits:
+        if s["kind"] == "wait" and s["weight"] > NOTE_WAIT_MAX and is_note(line["text"]):
+            # a wait its writer logs as a warning or a note is still waiting (vLLM repeats its shared-memory broadcast
+            # note while a reader compiles): no failure on its own, so it names its cause with low confidence only
+            s = dict(s, weight=NOTE_WAIT_MAX)
         if s["cause"] == "other":
             others.append((s, line))
             continue
@@ -581,6 +595,7 @@ def _finding(cause, s, line, first, hosts, facts):
             "_demoted": s["kind"] == "consequence", "_first": first, "_line": line}
 
 
+NOTE_WAIT_MAX = 55  # a wait logged as a warning or note: low confidence at most
 OTHER_FALLBACK = 30  # the weight of `other` when only the first error line speaks
 OTHER_MAX = 55  # `other` never claims more than low confidence: it names no cause
 

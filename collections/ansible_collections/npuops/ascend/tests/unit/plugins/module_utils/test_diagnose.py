@@ -256,6 +256,38 @@ def test_causes_of_equal_confidence_are_shown_tied_highest_first(signatures):
         assert f["certainty"] == diagnose.certainty(f["confidence"]) == "high"
 
 
+BROADCAST = ("No available shared memory broadcast block found in 60 seconds. This typically happens when some "
+             "processes are hanging or doing some time-consuming work (e.g. compilation)")
+
+
+@pytest.mark.parametrize("level", ["INFO", "WARNING"])
+def test_a_wait_its_writer_logs_as_a_note_names_its_cause_with_low_confidence_only(signatures, level):
+    """vLLM repeats its shared-memory broadcast note while a reader is busy (compiling, capturing graphs): still
+    waiting, no failure - so no sure cause (vllm-ascend 9287). The same wait as the error a start dies with keeps its
+    weight (next test)."""
+    got = diagnose.analyze(diagnose.lines_of(
+        "(EngineCore_DP0 pid=7) %s 12-05 01:02:03 [shm_broadcast.py:466] %s" % (level, BROADCAST), host="n"), signatures)
+    assert got and got[0]["certainty"] == "low", got
+
+
+def test_the_same_wait_as_an_error_keeps_its_weight(signatures):
+    got = diagnose.analyze(diagnose.lines_of(
+        "(EngineCore_DP0 pid=7) ERROR 12-05 01:02:03 [core.py:1] %s" % BROADCAST, host="n"), signatures)
+    assert got[0]["cause"] == "shm_too_small" and got[0]["certainty"] == "high"
+
+
+def test_a_process_the_shell_reports_killed_is_host_memory_at_low_confidence(signatures):
+    """bash's "Killed" (zsh: "<pid> killed <command>") says SIGKILL, not who sent it: host_oom as the likely sender,
+    never sure; a kernel or systemd line naming the OOM killer makes it sure."""
+    for log in ("-- loading /models/x/params/\nKilled\n", "[1] 60190 killed     python main.py\n"):
+        got = diagnose.analyze(diagnose.lines_of(log, host="n"), signatures)
+        assert (got[0]["cause"], got[0]["certainty"]) == ("host_oom", "low"), (log, got)
+    got = diagnose.analyze(diagnose.lines_of(
+        "Killed\nFeb 24 11:16:31 n1 systemd[1]: vllm.service: A process of this unit has been killed by the OOM "
+        "killer.\n", host="n"), signatures)
+    assert (got[0]["cause"], got[0]["certainty"]) == ("host_oom", "high")
+
+
 EI0006 = "2026-12-05T01:00:20Z ERROR EI0006: Getting socket times out. Reason: 3. The communication link is disconnected."
 
 
