@@ -67,14 +67,21 @@ over) with the nearest causes and their scores (`candidates`: the causes whose d
 meanings share most words with that line).
 Where the log alone cannot tell causes apart, the hosts' facts decide: an EI0006 with TLS switches that differ
 between devices is `tls_mismatch`; with an `HCCL_SOCKET_IFNAME` that does not own `HCCL_IF_IP`, `nic_or_ip_wrong`;
-with a device link down, the fix names the device.
+with a device link down, the fix names the device. The finding then names the host whose facts show the fault (its
+own line where it printed the symptom too; `logged_on` names the host that printed it first), not the first rank
+that waited for it. The facts also speak by themselves: a device NIC link that `hccn_tool` reads DOWN
+(`device_link_down`) and TLS switches that differ (`tls_mismatch`, on the host whose switch differs from the others)
+are findings naming the host, the devices and the fix - first when the logs are quiet (a live service, nothing
+failed yet), after the causes the logs name otherwise. A chip whose health is not OK is a line of `npu-smi info`,
+and its fix names the card and chip.
 
 It runs by itself when the engines of a deploy (`site.yml`, `deploy.yml`) do not come up or answer the deploy's
 known question wrong (a node without `/etc/hccn.conf` starts and answers garbage) - before they are stopped
 (`npuops_serve_diagnose`) - and when `status.yml` finds an instance down (`npuops_status_diagnose`). It prints per
 cause the host and rank that printed it first, the other hosts, the evidence line and the fix, and hands platforms
 `npuops.diagnosis` in the stats: a list of `{cause, fix, evidence, host, rank, time, hosts, signature, reference,
-source, confidence, certainty}` (with `candidates` for `other`, `tied` where causes tie). The offline command
+source, confidence, certainty}` (with `candidates` for `other`, `tied` where causes tie, `facts_host` and
+`logged_on` where the hosts' facts name the host at fault). The offline command
 prints `{cause, fix, evidence, host, rank, time, confidence, certainty}` per finding as JSON.
 
 Causes: {causes}.
