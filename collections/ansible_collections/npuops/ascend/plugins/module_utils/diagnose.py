@@ -623,8 +623,9 @@ def analyze(lines, signatures, facts=None, limit=20):
         t = line["time"] if line["time"] is not None else float("inf")
         if line["host"] is not None:
             entry["hosts"][line["host"]] = min(entry["hosts"].get(line["host"], float("inf")), t)
-            if line["host"] not in entry["by_host"] or _order(line) < _order(entry["by_host"][line["host"]]):
-                entry["by_host"][line["host"]] = line
+            best = entry["by_host"].get(line["host"])
+            if best is None or (-s["weight"], _evidence_key(line)) < (-best[0]["weight"], _evidence_key(best[1])):
+                entry["by_host"][line["host"]] = (s, line)  # each host's best line, as the entry keeps the best of all
         if _order(line) < _order(entry["first"]):
             entry["first"] = line
         if s["weight"] > entry["sig"]["weight"] or (s["weight"] == entry["sig"]["weight"] and
@@ -657,12 +658,13 @@ def analyze(lines, signatures, facts=None, limit=20):
 
 def _finding(cause, s, line, first, hosts, facts, by_host=None):
     """A finding of one cause: its evidence line, host and rank - unless the hosts' facts show which host is at fault
-    (refine): then that host, with its own line where it printed the symptom too, else the line of the host that
-    printed it first (`logged_on`)."""
+    (refine): then that host, with its own line where it printed the symptom as specifically as any host did, else
+    the best line, of the host that printed it (`logged_on`)."""
     fixed_cause, fix, fault_host, told_by = refine(cause, s["fix"], line["host"], facts)
     logged = line
-    if fault_host is not None and (by_host or {}).get(fault_host) is not None:
-        line = by_host[fault_host]
+    own = (by_host or {}).get(fault_host) if fault_host is not None else None
+    if own is not None and own[0]["weight"] >= s["weight"]:
+        line = own[1]
     f = {"cause": fixed_cause, "fix": _filled(fix, s, line), "evidence": line["text"].strip(),
          "host": fault_host or line["host"], "rank": line["rank"] if line["host"] == (fault_host or line["host"]) else
          None, "time": iso(line["time"]), "confidence": round(s["weight"] / 100.0, 2),

@@ -377,6 +377,19 @@ def test_a_faulty_host_that_logged_the_symptom_itself_gives_its_own_line(signatu
     assert (got[0]["host"], got[0]["rank"], got[0]["time"]) == ("node02", "DP1", "2026-12-05T01:00:29.000Z"), got[0]
 
 
+def test_a_faulty_host_whose_own_line_is_vaguer_keeps_the_clearest_line_as_evidence(signatures):
+    """node02 (link down) printed only torch_npu's generic createHCCLComm failure, node04 the EI0006: the finding names
+    node02 and keeps node04's EI0006 as its evidence (logged_on node04)."""
+    got, _o = diagnose.diagnose_hosts({
+        "node02": collected(0, "2026-12-05T01:00:19Z ERROR RuntimeError: createHCCLComm: HCCL function error: "
+                               "HcclCommInitRootInfoConfig(numRanks, &rootInfo, rank, config, &(comm->hcclComm_)), "
+                               "error code is 7", tls=TLS4, links=dict(UP4, **{"3": "DOWN"})),
+        "node04": collected(0, EI0006.replace("01:00:20", "01:00:21"), tls=TLS4, links=UP4)}, signatures)
+    top = got[0]
+    assert (top["cause"], top["host"], top["logged_on"]) == ("hccl_connect_timeout", "node02", "node04"), top
+    assert "EI0006" in top["evidence"] and top["rank"] is None
+
+
 # ------------------------------------------------------------------------------------------ on a node
 
 class FakeEngine(object):
