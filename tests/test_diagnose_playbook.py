@@ -120,6 +120,20 @@ def test_an_hccl_timeout_is_told_apart_by_the_nodes_facts(cluster, faults, tmp_p
     # the same timeout on more than one node: the facts, not which nodes logged it, name node02 (on a loaded
     # machine the deploy may stop the group before every rank - node02's own included - has printed its EI0006)
     assert len(diagnosis[0]["hosts"]) >= 2, diagnosis[0]
+    assert diagnosis[0]["host"] == "node02" and re.search(r"1\. %s - on node02 by its devices' facts" % cause, out), \
+        out[out.find("Diagnosis"):][:3000]
+
+
+def test_the_headline_names_the_node_whose_device_link_is_down_not_the_first_that_waited(cluster, faults, tmp_path):
+    """issue 38: with node03's NPU 3 link down the other nodes' ranks print EI0006 first; the first finding - its host
+    and the headline the deploy prints - names node03, with the device and the fix."""
+    faults(3, "link_down", "--device", "3")
+    _took, out, diagnosis = failed_deploy(cluster, tmp_path, inventories=hccl_timeout(tmp_path))
+    top = diagnosis[0]
+    assert (top["cause"], top["host"]) == ("hccl_connect_timeout", "node03"), (causes(diagnosis), out[-4000:])
+    assert top["fix"].startswith("node03: device NIC link down on NPU 3 (hccn_tool -i 3 -link -g)"), top
+    assert re.search(r"1\. hccl_connect_timeout - on node03 by its devices' facts", out), \
+        out[out.find("Diagnosis"):][:3000]
 
 
 @pytest.mark.parametrize("node, peer", [(1, 3), (2, 3)])
@@ -145,3 +159,16 @@ def test_a_missing_hccn_conf_fails_the_deploy_and_diagnose_names_it(cluster, fau
     assert all(state != "running" for state in running(cluster).values()), running(cluster)
     later = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/diagnose.yml"], timeout=300).stdout
     assert re.search(r"1\. hccn_conf_missing - first on node02 ", later), later[-3000:]
+
+
+def test_diagnose_on_a_live_service_names_a_device_link_down_its_host_and_the_fix(cluster, faults):
+    """issue 38: a service that runs, its logs quiet, and node03's NPU 3 loses its link - diagnose.yml reads the
+    links (hccn_tool) and names the host, the device and the fix (before: "no error line in the logs")."""
+    run([BIN + "/ansible-playbook", "-i", cluster.inventory] + DOWNTIME + ["playbooks/deploy.yml"], timeout=900)
+    assert all(state == "running" for state in running(cluster).values()), running(cluster)
+    faults(3, "link_down", "--device", "3")
+    out = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/diagnose.yml"], timeout=300).stdout
+    diagnosis = out[out.find("Diagnosis (most likely first)"):][:3000]
+    assert re.search(r"1\. device_link_down - on node03 by its devices' facts at \d{4}-", out), diagnosis
+    assert "fix: node03: device NIC link down on NPU 3 (hccn_tool -i 3 -link -g)" in out, diagnosis
+    assert "no error line" not in diagnosis, diagnosis

@@ -57,8 +57,9 @@ One finding per cause keeps the line of its most specific signature or code. Eac
 else low. Findings are ordered by confidence, then by the earliest line - the rank that failed first - except
 that a **wait** (an HCCL or store timeout: a peer did not answer) follows every cause of at least medium
 confidence seen no later than it, and a **consequence** every failure prints (`EngineDeadError`, a worker dying
-after another, a shutdown traceback) follows every cause. Findings of equal confidence are marked `tied` and
-shown together, highest first.
+after another, a shutdown traceback) follows every cause. A wait its writer logs as a warning or a note (vLLM repeats
+its shared-memory broadcast note while a reader compiles) is still waiting, no failure: it names its cause at low
+confidence only. Findings of equal confidence are marked `tied` and shown together, highest first.
 
 A log with an error line always gets a finding. When no cause reaches medium confidence the first finding is
 `other`: the earliest failing rank's first error line (the last line of its first traceback, consequences passed
@@ -66,14 +67,21 @@ over) with the nearest causes and their scores (`candidates`: the causes whose d
 meanings share most words with that line).
 Where the log alone cannot tell causes apart, the hosts' facts decide: an EI0006 with TLS switches that differ
 between devices is `tls_mismatch`; with an `HCCL_SOCKET_IFNAME` that does not own `HCCL_IF_IP`, `nic_or_ip_wrong`;
-with a device link down, the fix names the device.
+with a device link down, the fix names the device. The finding then names the host whose facts show the fault (its
+own line where it printed the symptom too; `logged_on` names the host that printed it first), not the first rank
+that waited for it. The facts also speak by themselves: a device NIC link that `hccn_tool` reads DOWN
+(`device_link_down`) and TLS switches that differ (`tls_mismatch`, on the host whose switch differs from the others)
+are findings naming the host, the devices and the fix - first when the logs are quiet (a live service, nothing
+failed yet), after the causes the logs name otherwise. A chip whose health is not OK is a line of `npu-smi info`,
+and its fix names the card and chip.
 
 It runs by itself when the engines of a deploy (`site.yml`, `deploy.yml`) do not come up or answer the deploy's
 known question wrong (a node without `/etc/hccn.conf` starts and answers garbage) - before they are stopped
 (`npuops_serve_diagnose`) - and when `status.yml` finds an instance down (`npuops_status_diagnose`). It prints per
 cause the host and rank that printed it first, the other hosts, the evidence line and the fix, and hands platforms
 `npuops.diagnosis` in the stats: a list of `{cause, fix, evidence, host, rank, time, hosts, signature, reference,
-source, confidence, certainty}` (with `candidates` for `other`, `tied` where causes tie). The offline command
+source, confidence, certainty}` (with `candidates` for `other`, `tied` where causes tie, `facts_host` and
+`logged_on` where the hosts' facts name the host at fault). The offline command
 prints `{cause, fix, evidence, host, rank, time, confidence, certainty}` per finding as JSON.
 
 Causes: {causes}.
@@ -111,9 +119,17 @@ def pct(right, total):
     return "%d of %d (%.0f %%)" % (right, total, 100.0 * right / max(total, 1))
 
 
+# the held-out batches: each scored once, before any signature was changed for it (measurement.yml keeps that first
+# score); the acceptance of issue 41 asks 80 % of that first score
+HELD_OUT = (("last", "first_score_last", "first held-out batch", "collected last, after the signatures were written"),
+            ("second", "first_score_second", "second held-out batch",
+             "31 new threads, collected after the first batch was scored and the signatures changed for it"))
+TARGET = 0.8
+
+
 def measurement(knowledge):
     with open(os.path.join(CORPUS, "measurement.yml")) as f:
-        first = yaml.safe_load(f)["first_score_last"]
+        recorded = yaml.safe_load(f)
     found = cases()
     repos = {}
     for c in found:
@@ -123,7 +139,6 @@ def measurement(knowledge):
     batches = {}
     for c in found:
         batches.setdefault(c["batch"], []).append(now[c["file"]][1])
-    last = batches.get("last", [])
     out = ["## Measurement\n",
            "The corpus: %d excerpts from %d threads in %d repositories (%s)." % (
                len(found), len(set(c["source"] for c in found)), len(repos),
@@ -131,27 +146,43 @@ def measurement(knowledge):
            "An answer is right when the first finding names the cause the thread established - for an excerpt whose "
            "thread settled on no cause of the vocabulary, when it is `other` or of low certainty.\n",
            "| batch | excerpts | right today |", "|---|---|---|"]
-    labels = {"hccl": "first corpus (the signatures were built from it): HCCL",
-              "mem": "first corpus: memory and devices", "runtime": "first corpus: runtime and KV transfer",
-              "software": "first corpus: software and configuration",
-              "dev": "read while the message and code signatures were written",
-              "last": "collected last, after the signatures"}
-    for b in sorted(batches, key=lambda x: (x == "last", x == "dev", x)):
+    labels = dict((b, "%s: %s" % (name, what)) for b, _key, name, what in HELD_OUT)
+    labels.update({"hccl": "first corpus (the signatures were built from it): HCCL",
+                   "mem": "first corpus: memory and devices", "runtime": "first corpus: runtime and KV transfer",
+                   "software": "first corpus: software and configuration",
+                   "dev": "read while the message and code signatures were written"})
+    order = [b for b, _k, _n, _w in HELD_OUT]
+    for b in sorted(batches, key=lambda x: (x in order, order.index(x) if x in order else 0, x == "dev", x)):
         out.append("| %s | %d | %s |" % (labels.get(b, b), len(batches[b]), pct(sum(batches[b]), len(batches[b]))))
     out.append("| all | %d | %s |\n" % (len(found), pct(sum(v[1] for v in now.values()), len(found))))
-    out.append("**The excerpts collected last, first score: %s** (at commit %s, scored before any signature was "
-               "changed for them); today: %s. What the first score missed, and the answer today:\n" % (
-                   pct(first["right"], first["of"]), first["commit"], pct(sum(last), len(last))))
-    out += ["| excerpt | thread's cause | first answer | today |", "|---|---|---|---|"]
+    out += ["**First scores of the held-out batches** - each scored once, with the code of the commit named, before any "
+            "signature was changed for it; issue 41 asks %d %% of that first score:\n" % (TARGET * 100),
+            "| held-out batch | first score | at commit | %d %% met | today |" % (TARGET * 100), "|---|---|---|---|---|"]
     by_file = dict((c["file"], c) for c in found)
-    missed = [(name, got) for name, got in first["first_answers"].items() if got != by_file[name]["cause"]]
-    if len(missed) != first["of"] - first["right"]:
-        raise SystemExit("measurement.yml: %d first answers differ from their thread's cause, but the first score "
-                         "says %d of %d" % (len(missed), first["right"], first["of"]))
-    for name, got in missed:
-        c = by_file[name]
-        out.append("| [%s](%s) | %s | %s | %s |" % (name, c["source"], c["cause"], got, now[name][0]))
-    return "\n".join(out) + "\n"
+    missed_tables, met, not_met = [], [], []
+    for b, key, label, _what in HELD_OUT:
+        first = recorded.get(key)
+        if not first:
+            continue
+        today = batches.get(b, [])
+        out.append("| %s | **%s** | %s | %s | %s |" % (
+            label, pct(first["right"], first["of"]), first["commit"],
+            "yes" if first["right"] >= TARGET * first["of"] else "no", pct(sum(today), len(today))))
+        (met if first["right"] >= TARGET * first["of"] else not_met).append(label)
+        missed = [(name, got) for name, got in first["first_answers"].items() if got != by_file[name]["cause"]]
+        if len(missed) != first["of"] - first["right"]:
+            raise SystemExit("measurement.yml %s: %d first answers differ from their thread's cause, but the first "
+                             "score says %d of %d" % (key, len(missed), first["right"], first["of"]))
+        rows = ["\nWhat the first score of the %s missed, and the answer today:\n" % label,
+                "| excerpt | thread's cause | first answer | today |", "|---|---|---|---|"]
+        for name, got in missed:
+            c = by_file[name]
+            rows.append("| [%s](%s) | %s | %s | %s |" % (name, c["source"], c["cause"], got, now[name][0]))
+        missed_tables += rows
+    out.append("\nMet %d %% at its first score: %s. Did not: %s. The first scores stay as recorded; \"today\" is "
+               "after the signatures were changed for the batch, so it no longer measures what the diagnosis has not "
+               "seen." % (TARGET * 100, ", ".join(met) or "none", ", ".join(not_met) or "none"))
+    return "\n".join(out + missed_tables) + "\n"
 
 
 def md(text):

@@ -28,7 +28,8 @@ def signatures():
 
 def diagnose_findings(hostvars, hosts, key, limit=10):
     """-> {findings: [{cause, fix, evidence, host, rank, time, hosts, signature, reference, confidence, certainty,
-    kind, code, source} (+ candidates for `other`, tied where causes tie)], offsets: {host: s}, unread: [host: why],
+    kind, code, source} (+ candidates for `other`, tied where causes tie, facts_host where the hosts' facts name the
+    host at fault - logged_on then the host whose line is the evidence)], offsets: {host: s}, unread: [host: why],
     ascend_fd: {host: MindCluster FaultDiag's verdicts or error, where it ran}, lines: [what to print]}."""
     collected, unread = {}, []
     for h in hosts:
@@ -45,11 +46,16 @@ def diagnose_findings(hostvars, hosts, key, limit=10):
         f.pop("weight", None)
     lines = []
     for i, f in enumerate(findings, 1):
-        where = f["host"] or "?"
-        if f["rank"]:
-            where += " rank %s" % f["rank"]
-        others = [h for h in f["hosts"] if h != f["host"]]
-        lines.append("%d. %s - first on %s at %s%s - confidence %.2f (%s)%s" % (
+        if f.get("facts_host"):  # the host whose devices' facts show the fault, whoever logged the symptom first
+            where = "on %s by its devices' facts" % f["host"]
+            if f.get("logged_on"):
+                where += ", first logged on %s" % f["logged_on"]
+            elif f["rank"]:
+                where += " rank %s" % f["rank"]
+        else:
+            where = "first on %s" % (f["host"] or "?") + (" rank %s" % f["rank"] if f["rank"] else "")
+        others = [h for h in f["hosts"] if h not in (f["host"], f.get("logged_on"))]
+        lines.append("%d. %s - %s at %s%s - confidence %.2f (%s)%s" % (
             i, f["cause"], where, f["time"] or "?", (" (also %s)" % ", ".join(others)) if others else "",
             f["confidence"], f["certainty"], (", tied with %s" % ", ".join(f["tied"])) if f.get("tied") else ""))
         lines.append("   evidence: %s" % f["evidence"][:300])

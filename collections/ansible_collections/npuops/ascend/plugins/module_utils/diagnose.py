@@ -288,7 +288,7 @@ def _prefilter(signatures):
     cached = getattr(signatures, "_prefilter", None)
     if cached is not None:
         return cached
-    parts = ["(?:%s)" % p.pattern for s in signatures for p in s["patterns"]]
+    parts = ["(?:%s)" % re.sub(r"\(\?P<\w+>", "(?:", p.pattern) for s in signatures for p in s["patterns"]]
     rx = re.compile("|".join(parts), re.I) if parts else re.compile(r"(?!x)x")
     try:
         signatures._prefilter = rx
@@ -348,13 +348,23 @@ def body(text):
     return PREFIX.sub("", text, count=1)
 
 
+def _note(head, rest):
+    """Did the writer log the line as a warning or a note (its level header says WARNING, INFO or DEBUG)?"""
+    return bool(re.search(r"\b(?:WARNING|WARN|INFO|DEBUG)\b", head) or re.match(r"\s*(?:WARNING|WARN|INFO|DEBUG)\b", rest)
+                or re.search(r"\[(?:W|WARNING|INFO|I)\]", rest[:40]))
+
+
+def is_note(text):
+    head = PREFIX.match(text)
+    return _note(head.group(0), text[head.end():])
+
+
 def is_error(text):
     """Does the line report an error: an ERROR / CRITICAL level, a CANN or torch_npu code, an exception, a traceback,
     a process that died."""
     head = PREFIX.match(text)
     rest = text[head.end():]
-    if (re.search(r"\b(?:WARNING|WARN|INFO|DEBUG)\b", head.group(0)) or re.match(r"\s*(?:WARNING|WARN|INFO|DEBUG)\b", rest)
-            or re.search(r"\[(?:W|WARNING|INFO|I)\]", rest[:40])):
+    if _note(head.group(0), rest):
         return bool(EXCEPTION.match(rest.strip()))  # a warning or note reports an error only as an exception
     return bool(LEVEL.search(text[:200]) or EXCEPTION.match(rest.strip()) or FATAL.search(rest))
 
@@ -494,27 +504,90 @@ def certainty(confidence):
     return "high" if confidence >= HIGH else "medium" if confidence >= MEDIUM else "low"
 
 
+def _tls_outliers(tls):
+    """{host: {device: 0/1}} -> the hosts with a device whose TLS switch differs from the most common value, [] when
+    every device has the same."""
+    values = [str(v) for states in tls.values() for v in states.values()]
+    if len(set(values)) < 2:
+        return []
+    common = max(sorted(set(values)), key=values.count)
+    return sorted(h for h, states in tls.items() if any(str(v) != common for v in states.values()))
+
+
+def _down_links(facts):
+    """-> [(host, [device, ...])] of the devices whose NIC link is not UP, by host."""
+    out = []
+    for h, f in sorted((facts or {}).items()):
+        down = sorted(int(d) for d, state in (f.get("links") or {}).items() if str(state).upper() != "UP")
+        if down:
+            out.append((h, down))
+    return out
+
+
+def _link_fix(host, down):
+    return ("%s: device NIC link down on NPU %s (hccn_tool -i %d -link -g): fix the cable, the optics or the switch "
+            "port, then start again" % (host, ", ".join(str(d) for d in down), down[0]))
+
+
+def _tls_fix(tls):
+    differing = ["%s %s" % (h, _tls_text(tls[h])) for h in sorted(tls)]
+    return ("the TLS switch differs between devices (%s): set one value on every device of every node (hccn_tool -i "
+            "<dev> -tls -s enable 0 or 1) and start again" % "; ".join(differing))
+
+
+def _node_tls(facts):
+    return dict((h, f["tls"]) for h, f in (facts or {}).items() if isinstance(f.get("tls"), dict) and f["tls"])
+
+
 def refine(cause, fix, host, facts):
     """A cause the log alone cannot tell apart, told apart by the hosts' facts (what preflight reads: the TLS switch
-    of every device, which interface owns HCCL_IF_IP, each device's link): -> (cause, fix)."""
+    of every device, which interface owns HCCL_IF_IP, each device's link): -> (cause, fix, the host whose facts show
+    the fault or None, which fact told: tls, nic or link)."""
     if cause != "hccl_connect_timeout" or not facts:
-        return cause, fix
-    tls = dict((h, f["tls"]) for h, f in facts.items() if isinstance(f.get("tls"), dict) and f["tls"])
-    if len(set(str(v) for states in tls.values() for v in states.values())) > 1:
-        differing = ["%s %s" % (h, _tls_text(tls[h])) for h in sorted(tls)]
-        return "tls_mismatch", ("the TLS switch differs between devices (%s): set one value on every device of every "
-                                "node (hccn_tool -i <dev> -tls -s enable 0 or 1) and start again" % "; ".join(differing))
+        return cause, fix, None, None
+    tls = _node_tls(facts)
+    outliers = _tls_outliers(tls)
+    if outliers:
+        return "tls_mismatch", _tls_fix(tls), outliers[0], "tls"
     for h, f in sorted(facts.items()):
         if f.get("if_ip") and f.get("socket_ifname") and f["if_ip"] not in (f.get("addresses") or {}).get(
                 f["socket_ifname"], []):
             return "nic_or_ip_wrong", ("%s: HCCL_SOCKET_IFNAME=%s does not own HCCL_IF_IP=%s: set npuops_nic to the "
-                                       "interface that holds the node's address" % (h, f["socket_ifname"], f["if_ip"]))
-    for h, f in sorted(facts.items()):
-        down = sorted(int(d) for d, state in (f.get("links") or {}).items() if str(state).upper() != "UP")
-        if down:
-            return cause, ("%s: device NIC link down on NPU %s (hccn_tool -i <dev> -link -g): fix the cable or optics, "
-                           "then start again; %s" % (h, ", ".join(str(d) for d in down), fix))
-    return cause, fix
+                                       "interface that holds the node's address" % (h, f["socket_ifname"], f["if_ip"])), \
+                h, "nic"
+    down = _down_links(facts)
+    if down:
+        return cause, "%s; %s" % ("; ".join(_link_fix(h, d) for h, d in down), fix), down[0][0], "link"
+    return cause, fix, None, None
+
+
+def fact_findings(facts, explained, after):
+    """What the hosts' facts show by themselves - a device NIC link down, TLS switches that differ - as findings
+    naming the host, the devices and the fix, for the faults no finding of the logs already explains (`explained`:
+    the facts a finding was told apart by). `after`: a cause of the logs came first (they follow it); with quiet
+    logs they lead."""
+    out = []
+
+    def finding(cause, host, evidence, fix, weight, reference):
+        f = facts[host]
+        at = f.get("read_at")
+        return {"cause": cause, "fix": fix, "evidence": evidence, "host": host, "rank": None, "time": iso(at),
+                "confidence": round(weight / 100.0, 2), "certainty": certainty(weight / 100.0), "kind": "cause",
+                "signature": "facts", "code": None, "source": "facts", "reference": reference, "weight": weight,
+                "hosts": [host], "facts_host": host, "_demoted": after, "_first": None,
+                "_line": {"time": at, "seq": 0}}
+    if "link" not in explained:
+        for h, down in _down_links(facts):
+            out.append(finding("device_link_down", h, "; ".join(
+                "%s: NPU %d link DOWN (hccn_tool -i %d -link -g)" % (h, d, d) for d in down), _link_fix(h, down),
+                FACT_LINK_WEIGHT, "hccn_tool -i <dev> -link -g (the device NIC's link state, read on the node)"))
+    tls = _node_tls(facts)
+    outliers = _tls_outliers(tls)
+    if outliers and "tls" not in explained:
+        out.append(finding("tls_mismatch", outliers[0], "TLS switch (hccn_tool -i <dev> -tls -g): %s" % "; ".join(
+            "%s %s" % (h, _tls_text(tls[h])) for h in sorted(tls)), _tls_fix(tls), FACT_TLS_WEIGHT,
+            "hccn_tool -i <dev> -tls -g (each device's TLS switch, read on the node)"))
+    return out
 
 
 def _tls_text(states):
@@ -539,19 +612,27 @@ def analyze(lines, signatures, facts=None, limit=20):
     hits = match(lines, signatures)
     by_cause, others = {}, []
     for s, line in hits:
+        if s["kind"] == "wait" and s["weight"] > NOTE_WAIT_MAX and is_note(line["text"]):
+            # a wait its writer logs as a warning or a note is still waiting (vLLM repeats its shared-memory broadcast
+            # note while a reader compiles): no failure on its own, so it names its cause with low confidence only
+            s = dict(s, weight=NOTE_WAIT_MAX)
         if s["cause"] == "other":
             others.append((s, line))
             continue
-        entry = by_cause.setdefault(s["cause"], {"sig": s, "line": line, "first": line, "hosts": {}})
+        entry = by_cause.setdefault(s["cause"], {"sig": s, "line": line, "first": line, "hosts": {}, "by_host": {}})
         t = line["time"] if line["time"] is not None else float("inf")
         if line["host"] is not None:
             entry["hosts"][line["host"]] = min(entry["hosts"].get(line["host"], float("inf")), t)
+            best = entry["by_host"].get(line["host"])
+            if best is None or (-s["weight"], _evidence_key(line)) < (-best[0]["weight"], _evidence_key(best[1])):
+                entry["by_host"][line["host"]] = (s, line)  # each host's best line, as the entry keeps the best of all
         if _order(line) < _order(entry["first"]):
             entry["first"] = line
         if s["weight"] > entry["sig"]["weight"] or (s["weight"] == entry["sig"]["weight"] and
                                                    _evidence_key(line) < _evidence_key(entry["line"])):
             entry.update(sig=s, line=line)
-    findings = [_finding(c, e["sig"], e["line"], e["first"], e["hosts"], facts) for c, e in by_cause.items()]
+    findings = [_finding(c, e["sig"], e["line"], e["first"], e["hosts"], facts, e["by_host"])
+                for c, e in by_cause.items()]
     for f in findings:
         if f["kind"] == "wait":
             f["_demoted"] = any(c["kind"] == "cause" and c["confidence"] >= MEDIUM and _not_after(c["_first"], f["_first"])
@@ -559,6 +640,10 @@ def analyze(lines, signatures, facts=None, limit=20):
     other = _other(lines, others, findings, signatures, causes)
     if other:
         findings.append(other)
+    if facts:
+        explained = set(f["_told_by"] for f in findings if f.get("_told_by"))
+        findings += fact_findings(facts, explained, after=any(
+            not f["_demoted"] and f["confidence"] >= MEDIUM for f in findings))
     findings.sort(key=lambda f: (f["_demoted"], -f["confidence"], _order(f["_line"]), CAUSES.index(f["cause"])))
     for f in findings:
         f["tied"] = [g["cause"] for g in findings if g is not f and not g["_demoted"] and not f["_demoted"]
@@ -566,21 +651,50 @@ def analyze(lines, signatures, facts=None, limit=20):
         if not f["tied"]:
             del f["tied"]
     for f in findings:
-        for k in ("_demoted", "_first", "_line"):
-            del f[k]
+        for k in ("_demoted", "_first", "_line", "_told_by"):
+            f.pop(k, None)
     return findings[:limit]
 
 
-def _finding(cause, s, line, first, hosts, facts):
-    fixed_cause, fix = refine(cause, s["fix"], line["host"], facts)
-    return {"cause": fixed_cause, "fix": fix, "evidence": line["text"].strip(), "host": line["host"],
-            "rank": line["rank"], "time": iso(line["time"]), "confidence": round(s["weight"] / 100.0, 2),
-            "certainty": certainty(s["weight"] / 100.0), "kind": s["kind"], "signature": s["id"],
-            "code": s.get("code"), "source": line["source"], "reference": s["source"], "weight": s["weight"],
-            "hosts": [h for h, _t in sorted(hosts.items(), key=lambda x: (x[1], x[0]))],
-            "_demoted": s["kind"] == "consequence", "_first": first, "_line": line}
+def _finding(cause, s, line, first, hosts, facts, by_host=None):
+    """A finding of one cause: its evidence line, host and rank - unless the hosts' facts show which host is at fault
+    (refine): then that host, with its own line where it printed the symptom as specifically as any host did, else
+    the best line, of the host that printed it (`logged_on`)."""
+    fixed_cause, fix, fault_host, told_by = refine(cause, s["fix"], line["host"], facts)
+    logged = line
+    own = (by_host or {}).get(fault_host) if fault_host is not None else None
+    if own is not None and own[0]["weight"] >= s["weight"]:
+        line = own[1]
+    f = {"cause": fixed_cause, "fix": _filled(fix, s, line), "evidence": line["text"].strip(),
+         "host": fault_host or line["host"], "rank": line["rank"] if line["host"] == (fault_host or line["host"]) else
+         None, "time": iso(line["time"]), "confidence": round(s["weight"] / 100.0, 2),
+         "certainty": certainty(s["weight"] / 100.0), "kind": s["kind"], "signature": s["id"], "code": s.get("code"),
+         "source": line["source"], "reference": s["source"], "weight": s["weight"],
+         "hosts": [h for h, _t in sorted(hosts.items(), key=lambda x: (x[1], x[0]))],
+         "_demoted": s["kind"] == "consequence", "_first": first, "_line": line, "_told_by": told_by}
+    if fault_host is not None:
+        f["facts_host"] = fault_host
+        if line["host"] != fault_host:
+            f["logged_on"] = logged["host"]
+    return f
 
 
+def _filled(fix, s, line):
+    """A fix's <placeholders> filled from the named groups of the signature's pattern on the evidence line (npu-smi's
+    card and chip)."""
+    for p in s.get("patterns") or []:
+        m = p.search(line["text"]) if "<" in fix else None
+        if m:
+            for k, v in m.groupdict().items():
+                if v is not None:
+                    fix = fix.replace("<%s>" % k, v)
+            break
+    return fix
+
+
+NOTE_WAIT_MAX = 55  # a wait logged as a warning or note: low confidence at most
+FACT_LINK_WEIGHT = 85  # hccn_tool read a device NIC link DOWN: a fault seen, not inferred
+FACT_TLS_WEIGHT = 80  # the TLS switches differ: HCCL cannot link those devices
 OTHER_FALLBACK = 30  # the weight of `other` when only the first error line speaks
 OTHER_MAX = 55  # `other` never claims more than low confidence: it names no cause
 
@@ -796,8 +910,9 @@ def collect(engine, names, run, tail=3000, log_dirs=(), hccn_tool=None, devices=
     return out
 
 
-def host_facts(collected):
-    """What refine() reads of one host's collect(): tls, links, addresses, if_ip and socket_ifname of its engine."""
+def host_facts(collected, offset=0.0):
+    """What refine() and fact_findings() read of one host's collect(): tls, links, addresses, if_ip and socket_ifname
+    of its engine, and when it was read (its clock less its offset)."""
     facts = collected.get("facts") or {}
     env = {}
     for values in (facts.get("env") or {}).values():
@@ -805,7 +920,8 @@ def host_facts(collected):
     tls = dict((d, v) for d, v in (facts.get("tls") or {}).items() if v is not None)
     return {"tls": tls, "links": dict((d, v) for d, v in (facts.get("links") or {}).items() if v is not None),
             "addresses": facts.get("addresses") or {}, "if_ip": env.get("HCCL_IF_IP"),
-            "socket_ifname": env.get("HCCL_SOCKET_IFNAME")}
+            "socket_ifname": env.get("HCCL_SOCKET_IFNAME"),
+            "read_at": (collected["clock"] - offset) if collected.get("clock") is not None else None}
 
 
 def diagnose_hosts(collected, signatures, limit=20):
@@ -816,7 +932,7 @@ def diagnose_hosts(collected, signatures, limit=20):
     for h, c in sorted(collected.items()):
         for src in c.get("sources") or []:
             lines += lines_of(src.get("text"), host=h, source=src.get("source"), offset=offsets.get(h, 0.0))
-    facts = dict((h, host_facts(c)) for h, c in collected.items())
+    facts = dict((h, host_facts(c, offsets.get(h, 0.0))) for h, c in collected.items())
     return analyze(lines, signatures, facts, limit), offsets
 
 

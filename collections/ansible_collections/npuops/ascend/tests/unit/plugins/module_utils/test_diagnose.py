@@ -256,6 +256,38 @@ def test_causes_of_equal_confidence_are_shown_tied_highest_first(signatures):
         assert f["certainty"] == diagnose.certainty(f["confidence"]) == "high"
 
 
+BROADCAST = ("No available shared memory broadcast block found in 60 seconds. This typically happens when some "
+             "processes are hanging or doing some time-consuming work (e.g. compilation)")
+
+
+@pytest.mark.parametrize("level", ["INFO", "WARNING"])
+def test_a_wait_its_writer_logs_as_a_note_names_its_cause_with_low_confidence_only(signatures, level):
+    """vLLM repeats its shared-memory broadcast note while a reader is busy (compiling, capturing graphs): still
+    waiting, no failure - so no sure cause (vllm-ascend 9287). The same wait as the error a start dies with keeps its
+    weight (next test)."""
+    got = diagnose.analyze(diagnose.lines_of(
+        "(EngineCore_DP0 pid=7) %s 12-05 01:02:03 [shm_broadcast.py:466] %s" % (level, BROADCAST), host="n"), signatures)
+    assert got and got[0]["certainty"] == "low", got
+
+
+def test_the_same_wait_as_an_error_keeps_its_weight(signatures):
+    got = diagnose.analyze(diagnose.lines_of(
+        "(EngineCore_DP0 pid=7) ERROR 12-05 01:02:03 [core.py:1] %s" % BROADCAST, host="n"), signatures)
+    assert got[0]["cause"] == "shm_too_small" and got[0]["certainty"] == "high"
+
+
+def test_a_process_the_shell_reports_killed_is_host_memory_at_low_confidence(signatures):
+    """bash's "Killed" (zsh: "<pid> killed <command>") says SIGKILL, not who sent it: host_oom as the likely sender,
+    never sure; a kernel or systemd line naming the OOM killer makes it sure."""
+    for log in ("-- loading /models/x/params/\nKilled\n", "[1] 60190 killed     python main.py\n"):
+        got = diagnose.analyze(diagnose.lines_of(log, host="n"), signatures)
+        assert (got[0]["cause"], got[0]["certainty"]) == ("host_oom", "low"), (log, got)
+    got = diagnose.analyze(diagnose.lines_of(
+        "Killed\nFeb 24 11:16:31 n1 systemd[1]: vllm.service: A process of this unit has been killed by the OOM "
+        "killer.\n", host="n"), signatures)
+    assert (got[0]["cause"], got[0]["certainty"]) == ("host_oom", "high")
+
+
 EI0006 = "2026-12-05T01:00:20Z ERROR EI0006: Getting socket times out. Reason: 3. The communication link is disconnected."
 
 
@@ -281,6 +313,81 @@ def test_an_ei0006_with_a_device_link_down_names_it_in_the_fix(signatures):
         "node01": collected(0, EI0006, tls={"0": 0, "7": 0}, links={"0": "UP", "7": "DOWN"}),
         "node02": collected(0, EI0006, tls={"0": 0, "7": 0}, links={"0": "UP", "7": "UP"})}, signatures)
     assert got[0]["cause"] == "hccl_connect_timeout" and got[0]["fix"].startswith("node01: device NIC link down on NPU 7")
+
+
+QUIET = "2026-12-05T01:00:01Z (APIServer pid=1) INFO 12-05 01:00:01 [loggers.py:1] Engine 000: Avg prompt throughput: 0.0"
+UP4 = {"0": "UP", "1": "UP", "2": "UP", "3": "UP"}
+TLS4 = {"0": 0, "1": 0, "2": 0, "3": 0}
+
+
+def test_quiet_logs_and_a_device_link_down_name_that_host_device_and_fix(signatures):
+    """issue 38: a live service whose logs say nothing while node03's NPU 3 lost its link - the link states diagnose
+    reads name the host, the device and the fix (before: no finding at all)."""
+    got, _o = diagnose.diagnose_hosts({
+        "node01": collected(1000.0, QUIET, tls=TLS4, links=UP4),
+        "node03": collected(1000.0, QUIET, tls=TLS4, links=dict(UP4, **{"3": "DOWN"}))}, signatures)
+    assert got, "no finding"
+    top = got[0]
+    assert (top["cause"], top["host"], top["certainty"]) == ("device_link_down", "node03", "high"), top
+    assert top["fix"].startswith("node03: device NIC link down on NPU 3") and "hccn_tool -i 3 -link -g" in top["fix"]
+    assert "NPU 3" in top["evidence"] and "DOWN" in top["evidence"] and top["time"] == diagnose.iso(1000.0), top
+    assert top["hosts"] == ["node03"] and len([f for f in got if f["cause"] == "device_link_down"]) == 1
+
+
+def test_quiet_logs_and_tls_switches_that_differ_name_the_host_whose_switch_differs(signatures):
+    got, _o = diagnose.diagnose_hosts({
+        "node01": collected(1000.0, QUIET, tls=TLS4, links=UP4),
+        "node02": collected(1000.0, QUIET, tls=dict(TLS4, **{"2": 1}), links=UP4),
+        "node03": collected(1000.0, QUIET, tls=TLS4, links=UP4)}, signatures)
+    assert (got[0]["cause"], got[0]["host"]) == ("tls_mismatch", "node02"), got
+    assert "node02 tls 0,0,1,0" in got[0]["fix"]
+
+
+def test_a_cause_in_the_logs_comes_before_a_link_fact_that_does_not_explain_it(signatures):
+    got, _o = diagnose.diagnose_hosts({
+        "node01": collected(0, "2026-12-05T01:00:00Z ERROR RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB",
+                            tls=TLS4, links=UP4),
+        "node02": collected(0, QUIET, tls=TLS4, links=dict(UP4, **{"1": "DOWN"}))}, signatures)
+    assert [(f["cause"], f["host"]) for f in got][:2] == [("npu_oom_load", "node01"), ("device_link_down", "node02")]
+
+
+def test_the_headline_names_the_host_whose_facts_show_the_fault_not_the_first_rank_that_logged_it(signatures):
+    """issue 38: node04 and node01 printed the EI0006 waiting for node03, whose NPU 3 link is down: the finding and its
+    headline name node03 (before: node04, only the fix said node03)."""
+    from ansible_collections.npuops.ascend.plugins.filter.diagnose import diagnose_findings
+    hostvars = {
+        "node01": {"r": collected(1000.0, EI0006.replace("01:00:20", "01:00:25"), tls=TLS4, links=UP4)},
+        "node03": {"r": collected(1000.0, QUIET, tls=TLS4, links=dict(UP4, **{"3": "DOWN"}))},
+        "node04": {"r": collected(1000.0, EI0006.replace("01:00:20", "01:00:21"), tls=TLS4, links=UP4)}}
+    got = diagnose_findings(hostvars, ["node01", "node03", "node04"], "r")
+    top = got["findings"][0]
+    assert (top["cause"], top["host"]) == ("hccl_connect_timeout", "node03"), top
+    assert top["fix"].startswith("node03: device NIC link down on NPU 3") and "EI0006" in top["evidence"]
+    assert top["hosts"] == ["node04", "node01"]  # who logged it, first first
+    assert got["lines"][0].startswith("1. hccl_connect_timeout - on node03 by its devices' facts, first logged on node04 "
+                                      "at 2026-12-05T01:00:21.000Z"), got["lines"][0]
+    assert [f["cause"] for f in got["findings"]].count("device_link_down") == 0  # the fix already says it
+
+
+def test_a_faulty_host_that_logged_the_symptom_itself_gives_its_own_line(signatures):
+    got, _o = diagnose.diagnose_hosts({
+        "node02": collected(0, EI0006.replace("01:00:20", "01:00:29").replace("ERROR", "(EngineCore_DP1 pid=1) ERROR"),
+                            tls=TLS4, links=dict(UP4, **{"2": "DOWN"})),
+        "node04": collected(0, EI0006.replace("01:00:20", "01:00:21"), tls=TLS4, links=UP4)}, signatures)
+    assert (got[0]["host"], got[0]["rank"], got[0]["time"]) == ("node02", "DP1", "2026-12-05T01:00:29.000Z"), got[0]
+
+
+def test_a_faulty_host_whose_own_line_is_vaguer_keeps_the_clearest_line_as_evidence(signatures):
+    """node02 (link down) printed only torch_npu's generic createHCCLComm failure, node04 the EI0006: the finding names
+    node02 and keeps node04's EI0006 as its evidence (logged_on node04)."""
+    got, _o = diagnose.diagnose_hosts({
+        "node02": collected(0, "2026-12-05T01:00:19Z ERROR RuntimeError: createHCCLComm: HCCL function error: "
+                               "HcclCommInitRootInfoConfig(numRanks, &rootInfo, rank, config, &(comm->hcclComm_)), "
+                               "error code is 7", tls=TLS4, links=dict(UP4, **{"3": "DOWN"})),
+        "node04": collected(0, EI0006.replace("01:00:20", "01:00:21"), tls=TLS4, links=UP4)}, signatures)
+    top = got[0]
+    assert (top["cause"], top["host"], top["logged_on"]) == ("hccl_connect_timeout", "node02", "node04"), top
+    assert "EI0006" in top["evidence"] and top["rank"] is None
 
 
 # ------------------------------------------------------------------------------------------ on a node
@@ -366,8 +473,8 @@ def test_chips_whose_health_is_not_ok_become_lines_the_signatures_read(signature
     lines = diagnose.chip_health_lines("\n".join(rows))
     assert lines == ["npu-smi info: NPU 1 chip 1 (phy 3) health Alarm"]
     found = diagnose.analyze(diagnose.lines_of("2026-12-05T01:00:00Z " + lines[0], host="node02"), signatures)
-    assert found[0]["cause"] == "npu_device_fault" and "npu-smi info -t health -i 1 -c 1" in found[0]["fix"].replace(
-        "<card>", "1").replace("<chip>", "1") and found[0]["host"] == "node02"
+    assert found[0]["cause"] == "npu_device_fault" and "npu-smi info -t health -i 1 -c 1" in found[0]["fix"] \
+        and found[0]["host"] == "node02"  # the fix names the chip the line names
 
 
 def fault_diag(report=True, rc=0):
