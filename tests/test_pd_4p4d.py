@@ -59,15 +59,18 @@ def test_a_deploy_without_preflight_keeps_the_fallback_and_restarts_nothing(clus
     assert "HCCL_INTRA_ROCE_ENABLE" in env_of(cluster, "node02")
 
 
-def test_a_node_whose_containers_preload_jemalloc_fails_preflight_on_the_v0271rc_line(cluster):
+def test_a_node_whose_containers_preload_jemalloc_fails_preflight_on_the_v0271rc_line(cluster, tmp_path):
+    """The node's container engine mounts an /etc/ld.so.preload naming jemalloc into every container: the engine's
+    environment cannot clear that (as it clears an LD_PRELOAD), so preflight fails naming the host."""
     sim("fault", "--node", "3", "--fault", "jemalloc_preload")
     try:
-        proc = playbook(cluster, "preflight", check=False)
+        proc = playbook(cluster, "preflight", "-e", "npuops_reports_dir=%s" % tmp_path, check=False)
     finally:
         sim("fault", "--node", "3", "--fault", "clear")
     flat = " ".join(proc.stdout.split())
-    assert proc.returncode != 0, flat[-3000:]
-    assert "node03 jemalloc" in flat and "preloads jemalloc (/etc/ld.so.preload: /usr/lib64/libjemalloc.so.2)" in \
-        flat, flat[-4000:]
-    assert "does not support a jemalloc preload (vllm-ascend #17155)" in flat
-    assert "Preflight: 1 check(s) failed on node03" in flat
+    assert proc.returncode != 0 and "Preflight: 1 check(s) failed on node03" in flat, flat[-3000:]
+    report = json.loads((tmp_path / "preflight.json").read_text())
+    [row] = report["failures"]
+    assert (row["host"], row["check"], row["observed"]) == (
+        "node03", "jemalloc", "/etc/ld.so.preload: /usr/lib64/libjemalloc.so.2"), row
+    assert "does not support a jemalloc preload (vllm-ascend #17155)" in row["fix"]
