@@ -212,3 +212,53 @@ def test_image_rows_name_what_the_image_holds_and_nodes_with_another_image():
     assert digest["observed"] == "n3 runs q/vllm-ascend:main-a3 B, n1 runs A"
     assert "pull the same image on n1 and n3" in digest["fix"]
     assert images["n3"]["versions"]["vllm"] == "0.23.0"
+
+
+def _line_case(driver, mooncake, preload=None, env_ld=""):
+    plan = {"instances": {"main": {"hosts": ["n1", "n2"]}}}
+    containers = dict((h, {"engine": {"image": "quay.io/ascend/vllm-ascend:v0.27.1rc1-a3",
+                                      "env": {"ASCEND_ENABLE_USE_FABRIC_MEM": "1", "LD_PRELOAD": env_ld}}})
+                      for h in ("n1", "n2"))
+    results = dict((h, {"npu": {"driver_version": "26.0.1" if h == "n1" else driver}}) for h in ("n1", "n2"))
+    held = dict((h, {"present": True, "versions": {"cann": "9.1.0", "mooncake": mooncake if h == "n2" else
+                                                   "0.3.11.post1"}, "preload": preload if h == "n2" else None})
+                for h in ("n1", "n2"))
+    return preflight.line_rows(results, plan, containers, held)
+
+
+def test_a_node_short_of_what_fabric_memory_needs_moves_its_instance_to_roce_named_but_not_failed():
+    rows, off = _line_case("25.5.1", "0.3.11.post1")
+    assert rows == [] and off == []
+    rows, off = _line_case("25.5.1", "0.3.10")
+    assert off == ["main"] and [(r["host"], r["check"], r["severity"]) for r in rows] == [("n2", "fabric_mem",
+                                                                                           "service")]
+    assert rows[0]["observed"] == "HDK 25.5.1 < 26.0 with Mooncake 0.3.10 < 0.3.11"
+    assert rows[0]["fix"].startswith("instance main moves KV over RoCE instead of fabric memory")
+
+
+def test_a_jemalloc_preload_fails_on_a_line_that_refuses_it_unless_the_environment_clears_it():
+    rows, _off = _line_case("26.0.1", "0.3.11", preload={"env": "/usr/lib64/libjemalloc.so.2", "file": None})
+    assert [(r["host"], r["check"], r["severity"]) for r in rows] == [("n2", "jemalloc", "service")]
+    rows, _off = _line_case("26.0.1", "0.3.11", preload={"env": None, "file": "/usr/lib64/libjemalloc.so.2"})
+    assert [(r["host"], r["check"], r["severity"], r["observed"]) for r in rows] == [
+        ("n2", "jemalloc", "error", "/etc/ld.so.preload: /usr/lib64/libjemalloc.so.2")]
+    # an operator's override that leaves the image's preload in place: a failure too
+    rows, _off = _line_case("26.0.1", "0.3.11", preload={"env": "/usr/lib64/libjemalloc.so.2", "file": None},
+                            env_ld="/usr/lib64/libjemalloc.so.2")
+    assert [(r["check"], r["severity"]) for r in rows] == [("jemalloc", "error")]
+
+
+def test_the_kept_finding_on_fabric_memory_is_read_back():
+    import base64
+    import json
+    slurped = {"results": [
+        {"item": {"key": "a"}, "content": base64.b64encode(json.dumps({"fabric_mem": False}).encode()).decode()},
+        {"item": {"key": "b"}, "content": base64.b64encode(json.dumps({"fabric_mem": True}).encode()).decode()},
+        {"item": {"key": "c"}, "failed": True, "msg": "file not found"},
+        {"item": {"key": "d"}, "content": base64.b64encode(b"not json").decode()}]}
+    assert preflight.fabric_mem_off(slurped) == ["a"]
+    plan = {"instances": {"a": {"hosts": ["n1", "n2"]}, "b": {"hosts": ["n3"]}}}
+    containers = {"n1": {"engine": {"env": {}}}, "n2": {"engine": {"env": {"ASCEND_ENABLE_USE_FABRIC_MEM": "1"}}},
+                  "n3": {"engine": {"env": {}}}}
+    assert preflight.fabric_mem_instances(containers, plan) == {
+        "a": {"host": "n1", "path": "/var/lib/npuops/instances/a-fabric-mem.json"}}

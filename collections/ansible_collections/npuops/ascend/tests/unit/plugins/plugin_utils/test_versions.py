@@ -114,3 +114,36 @@ def test_what_an_image_really_holds_decides_what_it_serves():
     # a vLLM the table does not know: nothing checked, said so
     errors, warnings = versions.held_problems(needs, dict(held, vllm="0.99.0"), "q/x:main-a3", "c")
     assert errors == [] and "no entry for vLLM 0.99.0" in warnings[0]
+
+
+def test_fabric_memory_needs_hdk_26_or_25_5_with_mooncake_0_3_11_and_cann_9():
+    """vllm-ascend kv_pool.md (#14551), the 800 I/T A3 row: HDK >= 26.0 or HDK >= 25.5 with mooncake >= v0.3.11,
+    CANN >= 9.0.0 (LingQu is not read)."""
+    assert versions.fabric_mem_shortfall("26.0.1", "9.1.0", None) == []
+    assert versions.fabric_mem_shortfall("25.5.1", "9.1.0", "0.3.11.post1") == []
+    assert versions.fabric_mem_shortfall("25.5.1", "9.1.0", "0.3.10") == [
+        "HDK 25.5.1 < 26.0 with Mooncake 0.3.10 < 0.3.11"]
+    assert versions.fabric_mem_shortfall("25.5.1", "9.1.0", None) == [
+        "HDK 25.5.1 < 26.0 and the image's Mooncake version could not be read (>= 0.3.11 needed below HDK 26.0)"]
+    assert versions.fabric_mem_shortfall("24.1.rc3.7", "8.5.RC1", "0.3.11") == ["HDK 24.1.rc3.7 < 25.5",
+                                                                              "CANN 8.5.RC1 < 9.0.0"]
+    assert versions.fabric_mem_shortfall(None, None, "0.3.11") == ["its HDK (driver) version could not be read",
+                                                                  "the image's CANN version could not be read"]
+
+
+def test_a_jemalloc_preload_is_found_in_the_environment_and_in_the_preload_file():
+    assert versions.jemalloc_preloads(None) == []
+    assert versions.jemalloc_preloads({"env": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2:", "file": None}) == [
+        "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2:"]
+    assert versions.jemalloc_preloads({"env": "/lib/libfoo.so", "file": "/usr/lib64/libjemalloc.so.2\n"}) == [
+        "/etc/ld.so.preload: /usr/lib64/libjemalloc.so.2"]
+
+
+def test_each_image_names_its_line_and_what_the_lines_images_carry():
+    info = versions.image_versions("quay.io/ascend/vllm-ascend:nightly-releases-v0.27.1rc-openeuler")
+    assert (info["line"], info["vllm"], info["cann"], info["mooncake"], info["refuses_jemalloc"]) == (
+        "0.27.1rc", "0.27.1", "9.1.0", "0.3.11.post1", True)
+    assert versions.image_versions("quay.io/ascend/vllm-ascend:kimi-k3-a3")["line"] == "0.23.0"
+    assert versions.image_versions("quay.io/ascend/vllm-ascend:nightly-main-a3")["refuses_jemalloc"] is False
+    assert versions.image_versions("quay.io/ascend/vllm-ascend:nope")["line"] is None
+    assert [versions.line_rank(x) for x in ("0.23.0", "0.27.1rc", "main", "0.32.0", "9.9")] == [0, 2, 3, 4, None]
