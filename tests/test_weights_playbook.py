@@ -486,6 +486,32 @@ def test_an_interrupted_run_leaves_orphans_that_the_next_run_ends_even_with_noth
     assert digests(cluster, "node04") == digests(cluster, "node01")
 
 
+def test_a_ctrl_c_leaves_no_server_listening_longer_than_a_stall(cluster, tmp_path):
+    """Ctrl-C in the copy (the terminal's SIGINT to the whole process group): no `always` runs, the servers and the
+    copy run on; once the copy has ended, the servers end by themselves after one stall of silence."""
+    complete_everywhere(cluster)
+    wipe(cluster, "node04")
+    stall = 30
+    with Throttled(cluster, 200):
+        play = start_playbook(cluster, str(tmp_path / "ctrl-c.log"), "-e",
+                              '{"npuops_weights_stall_timeout": %d}' % stall)
+        wait_for(lambda: received(cluster.api.root_of("node04") + MODEL) > 30 * 1024 * 1024, 180, "node04 to receive")
+        os.killpg(play.pid, signal.SIGINT)
+        try:
+            play.wait(60)
+        finally:
+            if play.poll() is None:
+                os.killpg(play.pid, signal.SIGKILL)
+        assert any("server" in x for x in leftovers(cluster, ["node03"]).get("node03", [])), \
+            leftovers(cluster, cluster.state["nodes"])
+    wait_for(lambda: not node_pids(cluster, "node04", b"AnsiballZ_weight_sync"), 300, "the interrupted copy to end")
+    ended = time.time()
+    # the idle watch looks every stall/4 s (at most 5)
+    wait_for(lambda: not leftovers(cluster, cluster.state["nodes"]), stall + 15, "the servers to end by themselves")
+    assert time.time() - ended >= stall - 6, "a server ended before a stall of silence"
+    assert digests(cluster, "node04") == digests(cluster, "node01")
+
+
 def test_the_chain_spans_the_nodes_of_several_instances_from_one_seed(cluster, tmp_path):
     complete_everywhere(cluster)
     inv = os.path.join(os.path.dirname(cluster.inventory), "replicas.yml")
