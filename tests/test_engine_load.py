@@ -163,3 +163,44 @@ def test_the_gateway_agent_keeps_a_busy_engine_up_and_takes_a_wedged_one_down(lb
         os.killpg(agent.pid, 15)
         agent.wait(10)
         engine.proc.terminate()
+
+
+def test_a_wedged_engine_keeps_its_scheduler_gauges_where_its_last_step_left_them(lb):
+    """vLLM V1 sets its running/waiting gauges from the stats the engine core sends with each step: a core stuck in a
+    collective sends none, so clients that give up on it leave the gauges as they were - what lets status say "no
+    progress" with the requests it holds. When it steps again the gauges follow its scheduler again."""
+    engine = lb.engine("--max-num-seqs", "2", env={"NPUOPS_SIM_TPOT": "0.02"})
+    gone = []
+
+    def impatient():
+        # a streaming client that stops reading and hangs up after 3 s, as a client timeout does
+        sock = socket.create_connection(("127.0.0.1", int(engine.url.rsplit(":", 1)[1])), timeout=10)
+        body = json.dumps({"model": "kimi-k3", "prompt": "wedge", "max_tokens": 2000, "ignore_eos": True,
+                           "stream": True}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(3)
+        sock.close()
+        gone.append(1)
+    try:
+        threads = [threading.Thread(target=impatient, daemon=True) for _ in range(5)]
+        for t in threads:
+            t.start()
+        time.sleep(1)
+        set_fault(lb, "engine_wedge")
+        time.sleep(0.6)  # the engine notices within a step (it checks every 0.25 s)
+        for t in threads:
+            t.join(20)
+        assert len(gone) == 5
+        time.sleep(1)  # the aborts have reached the scheduler
+        wedged = status.progress([engine.url], 1.0)
+        assert not wedged["progressing"] and wedged["in_flight"] == 5 and wedged["waiting"] == 3, wedged
+        set_fault(lb, None)
+        deadline = time.time() + 10
+        live = status.progress([engine.url], 0.5)
+        while live["in_flight"] and time.time() < deadline:
+            live = status.progress([engine.url], 0.5)
+        assert live["in_flight"] == 0, live  # the aborted requests are gone once it steps again
+    finally:
+        set_fault(lb, None)
+        engine.proc.terminate()

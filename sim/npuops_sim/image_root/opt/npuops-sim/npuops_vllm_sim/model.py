@@ -593,14 +593,16 @@ class Engine(object):
                 "model": self.served, "choices": [choice], "usage": self._usage(req, cache, 1),
                 "kv_transfer_params": params}
 
-    def generate_stream(self, req):
+    def generate_stream(self, req, alive=None):
         """SSE events as vLLM's serving.py streams them: for chat a first role chunk; one chunk per output token,
         the last one carrying finish_reason (no empty trailing chunk); a usage chunk only when
-        stream_options.include_usage (or --enable-force-include-usage); then [DONE]."""
+        stream_options.include_usage (or --enable-force-include-usage); then [DONE]. A client that hangs up before
+        its first token is aborted too (Starlette's StreamingResponse listens for the disconnect beside the stream,
+        and vLLM aborts the request when it is cancelled)."""
         steps, calls, reason, metric_reason = self._output(req)
         decode, step_mult, spec = self.decode_steps(req, len(steps))
         stats, seq = self._start(req, decode, step_mult)
-        emitted = self._emitted(seq)
+        emitted = self._emitted(seq, alive)
         # the prefill (and a KV pull) fails before the response starts; the first token comes with it
         first = next(emitted, None)
         created = int(time.time())

@@ -134,6 +134,7 @@ class Scheduler(object):
         self.decode_s = float(decode_step_s)
         self.parallel = max(1, int(parallel))  # DP ranks stepping side by side (a batch is split between them)
         self.stalled = stalled  # a wedged engine: no step is taken (its API still answers)
+        self.frozen = None  # the scheduler's counts as the last step left them, while stalled
         self.on_preempt = on_preempt
         self.waiting = collections.deque()
         self.running = []
@@ -164,7 +165,17 @@ class Scheduler(object):
             seq.done = True
 
     def counts(self):
-        """-> {rank: (running, waiting)}."""
+        """-> {rank: (running, waiting)}: what the last step published while the engine is wedged (vLLM V1's API
+        server sets its scheduler gauges from the SchedulerStats the engine core sends with each step's outputs -
+        vllm/v1/metrics/loggers.py, PrometheusStatLogger.record - so a core stuck in a collective leaves them where
+        its last step put them, whatever the clients abort meanwhile)."""
+        with self.cond:
+            if self.frozen is not None and self.stalled():
+                return dict(self.frozen)
+            self.frozen = None  # stepping again (an idle engine's loop would not look until a request comes)
+            return self._live_counts()
+
+    def _live_counts(self):
         with self.cond:
             out = {}
             for seq in self.running:
@@ -320,6 +331,11 @@ class Scheduler(object):
                     self.cond.wait(1.0)
             if time.time() - stall_checked > 0.25:
                 stalled, stall_checked = self.stalled(), time.time()
+                with self.cond:
+                    if stalled and self.frozen is None:
+                        self.frozen = self._live_counts()
+                    elif not stalled:
+                        self.frozen = None
             if stalled:
                 time.sleep(0.25)
                 continue

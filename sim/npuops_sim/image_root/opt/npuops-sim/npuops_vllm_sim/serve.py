@@ -943,7 +943,7 @@ def handler(engine, api_key):
                 req = engine.prepare(body, chat)
                 if not body.get("stream"):
                     return self.send(200, engine.generate(req, self.client_alive))
-                events = engine.generate_stream(req)
+                events = engine.generate_stream(req, self.client_alive)
                 first = next(events)  # the prefill (and a KV pull) fails before the response starts
             except lm.RequestError as e:
                 return self.send(e.code, lm.error(str(e), e.code, e.param))
