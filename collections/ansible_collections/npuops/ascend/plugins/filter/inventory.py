@@ -19,11 +19,11 @@ import re
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter import topology
-from ansible_collections.npuops.ascend.plugins.module_utils import vllm_cli
+from ansible_collections.npuops.ascend.plugins.module_utils import container, vllm_cli
 from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, recipes, speculative, values, versions
 from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
-ENGINES = ("docker", "podman", "isula")
+ENGINES = container.ENGINES
 INSTANCE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 # the same on every node of the whole inventory, and the same within each instance (replicas may serve different
 # weights: the planning article's canary of a new quantized version on one cluster beside the stable one)

@@ -40,7 +40,8 @@ DIGEST_KEY = "/var/lib/npuops/secret-digest.key"
 UNKNOWN_DIGEST = "(digest key missing)"
 # the argument spec of the option `engine` that every module of the action group npuops.ascend.container takes
 # (doc fragment container_engine)
-ENGINE_OPTION = dict(type="str", choices=["docker", "podman", "isula"], default="docker")
+ENGINES = ("docker", "podman", "isula")  # the container CLIs npuops drives; the YAML docs and specs follow (unit test)
+ENGINE_OPTION = dict(type="str", choices=list(ENGINES), default="docker")
 ACTIONS = ("none", "create", "recreate", "start", "stop", "remove")
 
 

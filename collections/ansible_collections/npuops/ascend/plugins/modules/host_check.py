@@ -297,7 +297,7 @@ def main():
             shm_min_gb=dict(type="int", default=0),
             weights_path=dict(type="path"),
             weights_bytes=dict(type="int", default=0),
-            container_engine=dict(type="str", choices=["docker", "podman", "isula"]),
+            container_engine=dict(type="str", choices=list(container.ENGINES)),
             hccn_conf=dict(type="path", default="/etc/hccn.conf"),
             hccn_devices=dict(type="list", elements="int", default=[]),
             listen=dict(type="list", elements="int", default=[]),

@@ -158,7 +158,7 @@ argv:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.npuops.ascend.plugins.module_utils import daemon, npu_exporter
+from ansible_collections.npuops.ascend.plugins.module_utils import container, daemon, npu_exporter
 
 
 def main():
@@ -179,7 +179,7 @@ def main():
             log_file=dict(type="path", default="/run/npuops/npu-exporter.log"),
             wait_timeout=dict(type="int", default=20),
             containers=dict(type="list", elements="str", default=[]),
-            container_engine=dict(type="str", choices=["docker", "podman", "isula"], default="docker"),
+            container_engine=container.ENGINE_OPTION,
         ),
         required_if=[("state", "started", ("address",))],
         supports_check_mode=True,

@@ -331,3 +331,32 @@ def test_flag_words_reads_a_flags_words_up_to_the_next_flag():
     assert ct.flag_words(argv, "--served-model-name") == ["k3-v2", "kimi-k3"]
     assert ct.flag_words(argv, "--speculative-config") == ['{"k": 7}']
     assert ct.flag_words(argv, "--headless") == [] and ct.flag_words(argv, "--port") == []
+
+
+def test_every_place_that_lists_the_container_engines_lists_container_engines():
+    """The engines are stated once (container.ENGINES); the YAML that cannot import it - module documentation, the
+    doc fragment, the plan role's argument spec - must list the same, in the same order."""
+    import glob
+    import importlib
+
+    import yaml
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+    listed = {}
+    for path in sorted(glob.glob(os.path.join(root, "plugins", "modules", "*.py"))):
+        name = os.path.basename(path)[:-3]
+        doc = yaml.safe_load(importlib.import_module("ansible_collections.npuops.ascend.plugins.modules." + name)
+                             .DOCUMENTATION)
+        for option in ("engine", "container_engine"):
+            if "choices" in (doc.get("options") or {}).get(option, {}):
+                listed["module %s: %s" % (name, option)] = doc["options"][option]["choices"]
+    fragment = importlib.import_module("ansible_collections.npuops.ascend.plugins.doc_fragments.container_engine")
+    listed["doc fragment container_engine"] = yaml.safe_load(fragment.ModuleDocFragment.DOCUMENTATION)[
+        "options"]["engine"]["choices"]
+    with open(os.path.join(root, "roles", "plan", "meta", "argument_specs.yml")) as f:
+        specs = yaml.safe_load(f)["argument_specs"]
+    for entry, spec in specs.items():
+        option = spec.get("options", {}).get("npuops_container_engine")
+        if option and "choices" in option:
+            listed["plan role %s: npuops_container_engine" % entry] = option["choices"]
+    assert len(listed) >= 4, listed  # the fragment, host_check, npu_exporter, the plan role at least
+    assert {where: choices for where, choices in listed.items() if choices != list(ct.ENGINES)} == {}

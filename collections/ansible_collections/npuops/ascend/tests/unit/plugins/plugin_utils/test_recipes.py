@@ -5,6 +5,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import re
 import shlex
 
 import pytest
@@ -314,3 +315,35 @@ def test_the_container_differs_from_the_recipes_docker_run_only_where_a_row_says
     # the field report publishes no docker run: nothing to compare
     two = plan_containers("2node_pp", "kimi_k3_1_pro_w4a8")
     assert not [r for r in two["node01"]["engine"]["recipe_diff"] if r["kind"] == "container"]
+
+
+def test_every_recipes_commands_have_the_parallel_sizes_of_the_tier_they_pair_with():
+    """TP, PP, DP and DP-local are stated twice - in the tier document and as literals in the commands its recipes
+    publish: they must agree, role by role (the leader and workers of a tier's one group; prefill and decode with the
+    kv_producer and kv_consumer groups)."""
+    checked, wrong = 0, []
+    for name in recipes.names():
+        recipe = recipes.load(name)
+        tier = catalog.load("tiers/" + recipe["tier"])
+        for role, entry in (recipe.get("roles") or {}).items():
+            kv_role = {"prefill": "kv_producer", "decode": "kv_consumer"}.get(role)
+            groups = [g for g in tier["groups"] if g.get("kv_role") == kv_role]
+            assert len(groups) == 1, (name, role, [g["name"] for g in tier["groups"]])
+            group = groups[0]
+            # a size the source gives by a variable is what the plan binds to it (the tier's, when the variable names
+            # the right field); the operator's other values (addresses, ports, ranks) are placeholders
+            fields = recipe.get("variables") or {}
+            command = re.sub(r"\$\{?([A-Za-z0-9_]+)\}?", lambda m: str(group.get(fields.get(m.group(1)), 7))
+                             if fields.get(m.group(1)) in ("tp", "pp", "dp", "dp_local") else "7", entry["command"])
+            spec = recipes.command_spec(command, "%s %s" % (name, role))
+            for flag, key in (("tensor_parallel_size", "tp"), ("pipeline_parallel_size", "pp"),
+                              ("data_parallel_size", "dp"), ("data_parallel_size_local", "dp_local")):
+                if key not in group or (flag == "data_parallel_size_local" and flag not in spec):
+                    # DP-local unset depends on the launch (a rank per process with --data-parallel-rank): not a literal
+                    continue
+                said = spec.get(flag, 1)  # vLLM's default size
+                checked += 1
+                if said != group[key]:
+                    wrong.append("%s, role %s: --%s %s but tier %s says %s %s" % (
+                        name, role, flag.replace("_", "-"), said, tier["name"], key, group[key]))
+    assert checked >= 30 and wrong == [], wrong
