@@ -292,3 +292,14 @@ def test_replicas_may_serve_different_weights_but_each_instance_one(presets):
     assert any(p.startswith("npuops_model = 'kimi' (instance b) is not a model preset") for p in problems), problems
     assert any(p.startswith("npuops_model_dir differs between hosts of instance b (") for p in problems), problems
     assert not any("instance a" in p for p in problems), problems
+
+
+def test_a_list_option_with_choices_is_checked_item_by_item(presets):
+    """npuops_validate_checks: [health, chat] picks two of the validate role's checks, as its argument spec allows;
+    the validator compared the whole list with the choices and refused every list, the default included."""
+    hv = {"node01": {"npuops_validate_checks": ["health", "chat"], "npuops_accuracy_checks": ["golden", "api"]}}
+    assert inv.variable_problems(["node01"], hv, inv.catalog.tiers()) == []
+    hv = {"node01": {"npuops_validate_checks": ["health", "helth"]}}
+    assert inv.variable_problems(["node01"], hv, inv.catalog.tiers()) == [
+        "host node01: npuops_validate_checks: 'helth' must be one of health, models, chat, reasoning, tool_call, "
+        "image, long_prompt, stream"]
