@@ -497,7 +497,12 @@ def type_problem(name, value, spec):
         return "%s = %r must be a list" % (name, value)
     elif kind in ("str", "path") and not isinstance(value, (str, int, float)):
         return "%s = %r must be a string" % (name, value)
-    if spec.get("choices") and value not in spec["choices"]:
+    if spec.get("choices") and kind == "list":
+        # a list option's choices are its items' (Ansible's argument spec reads them so)
+        for item in value:
+            if item not in spec["choices"]:
+                return "%s: %r must be one of %s" % (name, item, ", ".join(str(c) for c in spec["choices"]))
+    elif spec.get("choices") and value not in spec["choices"]:
         return "%s = %r must be one of %s" % (name, value, ", ".join(str(c) for c in spec["choices"]))
     return None
 
