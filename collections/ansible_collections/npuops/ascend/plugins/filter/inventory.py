@@ -465,9 +465,10 @@ def port_variables(tiers):
 
 
 def known_variables(tiers):
-    """Every npuops_* variable something reads: the roles' options and their own variables (catalog), and the port
-    variables of the tier documents."""
-    return set(catalog.role_options()) | catalog.role_variables() | port_variables(tiers)
+    """Every npuops_* variable something reads: the table of inventory variables, the roles' options and their own
+    variables (catalog), and the port variables of the tier documents."""
+    return set(catalog.inventory_variables()) | set(catalog.role_options()) | catalog.role_variables() | \
+        port_variables(tiers)
 
 
 def _where(hosts):
