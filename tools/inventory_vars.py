@@ -317,6 +317,8 @@ def _tier_values(name):
 
 def default_words(row, name):
     """The default of a row as the docs say it, or None."""
+    if row.get("no_log") and "default" in row and not row["default"]:
+        return "none"
     if "default" in row:
         return row["default_text"] if "{{" in json.dumps(row["default"]) and row.get("default_text") else \
             flow(row["default"])
