@@ -20,6 +20,7 @@ from npuops_sim.testing import BIN, run
     ("a3-4p2d", 6, "http://192.168.130.11:8080"),
     ("a3-4node-dspark", 4, "http://192.168.100.11:8000"),
     ("a3-4p4d", 8, "http://192.168.140.11:8080"),
+    ("sample", 4, "http://192.168.100.11:8000"),  # every variable, commented with its default
 ])
 def test_plan_of_each_example_inventory(tmp_path, inventory, hosts, endpoint):
     out = tmp_path / "plan.json"
@@ -324,6 +325,23 @@ def plan_of(tmp_path, inventory, *extra, check=True):
     proc = run([BIN + "/ansible-playbook", "-i", "inventories/" + inventory, "playbooks/plan.yml",
                 "-e", "plan_output=%s" % out] + list(extra), check=check)
     return (json.loads(out.read_text()) if check else None), proc
+
+
+def test_the_knobs_the_docs_name_are_accepted_and_do_what_they_say(tmp_path):
+    """docs/preflight.md says to set npuops_fabric_mem false where LingQu is older than 1.5, docs/weights.md that
+    plan.yml's copy time follows npuops_disk_write_mb_s and npuops_fabric_link_gbit; the validator refused all three
+    as "not an npuops variable" (nothing declared them). They are rows of the table now."""
+    plan, proc = plan_of(tmp_path, "a3-4p4d", "-e", json.dumps(
+        {"npuops_fabric_mem": False, "npuops_disk_write_mb_s": 1500, "npuops_fabric_link_gbit": 100}))
+    assert "not an npuops variable" not in proc.stdout
+    for host, entry in plan["hosts"].items():
+        env = entry["container"]["env"]
+        assert "ASCEND_ENABLE_USE_FABRIC_MEM" not in env and env["HCCL_INTRA_ROCE_ENABLE"] == "1", host
+        assert {"kind": "env", "key": "HCCL_INTRA_ROCE_ENABLE", "recipe": "(absent)", "runs": "1",
+                "why": "deviation fabric_mem_fallback_roce"} in entry["recipe_diff"], host
+    assert "each at 1500 MB/s (disk write bound: disk 1500 MB/s, link 100 Gbit/s)" in " ".join(proc.stdout.split())
+    _plan, proc = plan_of(tmp_path, "a3-4p4d", "-e", '{"npuops_fabric_mem": "flase"}', check=False)
+    assert proc.returncode != 0 and "npuops_fabric_mem" in proc.stdout and "'flase'" in proc.stdout
 
 
 def test_a_boolean_given_as_a_string_on_the_command_line_means_what_it_says(tmp_path):

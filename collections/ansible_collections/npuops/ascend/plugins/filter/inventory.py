@@ -465,9 +465,10 @@ def port_variables(tiers):
 
 
 def known_variables(tiers):
-    """Every npuops_* variable something reads: the roles' options and their own variables (catalog), and the port
-    variables of the tier documents."""
-    return set(catalog.role_options()) | catalog.role_variables() | port_variables(tiers)
+    """Every npuops_* variable something reads: the table of inventory variables, the roles' options and their own
+    variables (catalog), and the port variables of the tier documents."""
+    return set(catalog.inventory_variables()) | set(catalog.role_options()) | catalog.role_variables() | \
+        port_variables(tiers)
 
 
 def _where(hosts):
@@ -497,7 +498,12 @@ def type_problem(name, value, spec):
         return "%s = %r must be a list" % (name, value)
     elif kind in ("str", "path") and not isinstance(value, (str, int, float)):
         return "%s = %r must be a string" % (name, value)
-    if spec.get("choices") and value not in spec["choices"]:
+    if spec.get("choices") and kind == "list":
+        # a list option's choices are its items' (Ansible's argument spec reads them so)
+        for item in value:
+            if item not in spec["choices"]:
+                return "%s: %r must be one of %s" % (name, item, ", ".join(str(c) for c in spec["choices"]))
+    elif spec.get("choices") and value not in spec["choices"]:
         return "%s = %r must be one of %s" % (name, value, ", ".join(str(c) for c in spec["choices"]))
     return None
 

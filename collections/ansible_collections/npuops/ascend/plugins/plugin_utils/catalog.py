@@ -94,3 +94,13 @@ def role_variables():
         for path in _yaml_files(os.path.join(base, "tasks")):
             _set_by(_read(path), out)
     return out
+
+
+def inventory_variables():
+    """{name: row} of every inventory variable (``data/inventory_variables.yml``: type, default, scope, stages, doc),
+    in the table's order; each row also names its ``section``."""
+    out = {}
+    for section in load("inventory_variables")["sections"]:
+        for name, row in (section.get("variables") or {}).items():
+            out[name] = dict(row, section=section["name"])
+    return out

@@ -201,6 +201,23 @@ def test_every_option_of_every_role_and_every_tier_port_is_known(presets):
                                              inv.catalog.tiers()) if "not an npuops variable" in p] == []
 
 
+def test_every_variable_of_the_table_is_known_and_typed_by_its_row(presets):
+    """The table of inventory variables (data/inventory_variables.yml) is what the validator accepts: a variable read
+    only where it is used (npuops_fabric_mem, npuops_disk_write_mb_s) is no misspelling; a plan-stage row's type is
+    checked (the plan role's argument spec is made from the table)."""
+    from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
+    rows = catalog.inventory_variables()
+    assert {"npuops_fabric_mem", "npuops_disk_write_mb_s", "npuops_fabric_link_gbit"} <= set(rows)
+    hv = {"node01": dict((n, None) for n in rows)}
+    assert [p for p in inv.variable_problems(["node01"], hv, inv.catalog.tiers())
+            if "not an npuops variable" in p] == []
+    hv = {"node01": {"npuops_fabric_mem": "flase", "npuops_disk_write_mb_s": "fast"}}
+    assert inv.variable_problems(["node01"], hv, inv.catalog.tiers()) == [
+        "host node01: npuops_disk_write_mb_s = 'fast' is not a number",
+        "host node01: npuops_fabric_mem = 'flase' is not a boolean; write true or false (in YAML, or JSON on the "
+        "command line: -e '{\"npuops_fabric_mem\": false}')"]
+
+
 def test_an_empty_api_key_is_refused(presets):
     groups, hv = good()
     for h in hv:
@@ -292,3 +309,15 @@ def test_replicas_may_serve_different_weights_but_each_instance_one(presets):
     assert any(p.startswith("npuops_model = 'kimi' (instance b) is not a model preset") for p in problems), problems
     assert any(p.startswith("npuops_model_dir differs between hosts of instance b (") for p in problems), problems
     assert not any("instance a" in p for p in problems), problems
+    assert not any("instance a" in p for p in problems), problems
+
+
+def test_a_list_option_with_choices_is_checked_item_by_item(presets):
+    """npuops_validate_checks: [health, chat] picks two of the validate role's checks, as its argument spec allows;
+    the validator compared the whole list with the choices and refused every list, the default included."""
+    hv = {"node01": {"npuops_validate_checks": ["health", "chat"], "npuops_accuracy_checks": ["golden", "api"]}}
+    assert inv.variable_problems(["node01"], hv, inv.catalog.tiers()) == []
+    hv = {"node01": {"npuops_validate_checks": ["health", "helth"]}}
+    assert inv.variable_problems(["node01"], hv, inv.catalog.tiers()) == [
+        "host node01: npuops_validate_checks: 'helth' must be one of health, models, chat, reasoning, tool_call, "
+        "image, long_prompt, stream"]
