@@ -29,6 +29,7 @@ import json
 import os
 import select
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -115,6 +116,27 @@ def local_copy_running(root, now=None):
         return False
     now = time.time() if now is None else now
     return state.get("state") == "running" and now - float(state.get("updated") or 0) < LIVE_SECONDS
+
+
+def send_range(sock, fileobj, offset, count, timeout):
+    """`count` bytes of `fileobj` from `offset` with sendfile(2) on the socket made blocking for it: each
+    call moves as much as the peer takes, without a poll and a call per socket buffer (the send timeout
+    still bounds a peer that stops reading). -> bytes sent; fewer when the peer went away or stalled."""
+    sent = 0
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(timeout), 0))
+    try:
+        while sent < count:
+            try:
+                n = os.sendfile(sock.fileno(), fileobj.fileno(), offset + sent, count - sent)
+            except BlockingIOError:
+                break  # the send timeout: the peer took nothing for `timeout` seconds
+            if not n:
+                break
+            sent += n
+    finally:
+        sock.settimeout(timeout)
+    return sent
 
 
 class _Server(ThreadingMixIn, HTTPServer):
@@ -332,9 +354,9 @@ class WeightServer(object):
                     pos = start
                     while True:
                         if available > pos:
-                            sent = self.connection.sendfile(f, pos, available - pos)
+                            sent = send_range(self.connection, f, pos, available - pos, self.timeout)
                             pos += sent
-                            if not sent:
+                            if pos < available:
                                 break
                         if pos > end:
                             return
