@@ -59,9 +59,10 @@ from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import
 
 CONNECT_TIMEOUT = 3.0
 PING_TIMEOUT = 3.0
-# bytes received per read, adapted to the rate: large reads when the data flows (fewer calls per byte),
-# small ones when it trickles (a relay forwards what it received after each read: the hop's latency)
-CHUNK_MIN, CHUNK = 64 * 1024, 1024 * 1024
+# bytes received per read, adapted to the rate: large reads when the data flows (fewer calls and wake-ups
+# per byte: up to a whole piece per read, which measured 5 % less CPU per byte, both ends, than 1 MiB), small
+# ones when it trickles (a relay forwards what it received after each read: the hop's latency)
+CHUNK_MIN, CHUNK = 64 * 1024, 4 * 1024 * 1024
 READ_FAST, READ_SLOW = 0.005, 0.02
 # O_DIRECT wants buffer, offset and length aligned to the device's logical block (512 or 4096 bytes)
 DIRECT_ALIGN = 4096
