@@ -795,7 +795,9 @@ class Copier(object):
         return buf
 
     def _stream(self, peer, run):
-        """The rest of run's file from `peer` in one request, each read into run.arrived as it comes."""
+        """The rest of run's file from `peer` in one request, each read into run.arrived as it comes. -> True
+        when it stopped at a piece's end for a peer now preferred to this one (a relay whose .part was not
+        there yet when asked): the chain's nodes pull from the node before them, not all from the seed."""
         rel = run.rel
         conn = self.peers.connection(peer)
         t = self.watchdog.begin(peer, conn) if self.watchdog else None
@@ -834,7 +836,11 @@ class Copier(object):
                     raise NotHere("%s closed the transfer at byte %d" % (peer, run.pos))
                 if t is not None:
                     t.last = self.watchdog.clock()
+                index = run.index
                 run.arrived(buf[:n], peer)
+                if run.index != index and not run.done() and self.peers.order(run.avoid)[0] is not peer:
+                    return True
+            return False
         except PeerError as e:
             self.peers.drop(peer)
             reason = (t.stalled if t is not None and t.stalled else None) or str(e)
@@ -858,20 +864,20 @@ class Copier(object):
         last_progress = time.time()
         last = None
         while not run.done():
-            retry = False
+            again = False  # a bad piece, or a preferred peer to go back to: look at the order again at once
             for peer in self.peers.order(run.avoid):
                 before = run.delivered
                 try:
-                    self._stream(peer, run)
+                    again = self._stream(peer, run)
                 except (PeerError, NotHere) as e:
                     last = str(e)
                 except _BadPiece:
-                    retry = True
+                    again = True
                 if run.delivered > before:
                     last_progress = time.time()
-                if retry or run.done():
+                if again or run.done():
                     break
-            if retry or run.done():
+            if again or run.done():
                 continue
             if time.time() - last_progress > self.stall_timeout:
                 raise TransferError("%s piece %d: no peer delivered it within %ds (%s)" % (

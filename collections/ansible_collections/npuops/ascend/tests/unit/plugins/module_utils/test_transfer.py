@@ -10,6 +10,7 @@ import http.client
 import io
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -582,8 +583,9 @@ def test_a_bad_piece_from_one_peer_comes_again_from_another_and_the_file_streams
 
 
 class BreakingPeer(object):
-    """A server that answers a range with the right head and the first `cut` bytes of the body (from the
-    seed's file), then closes: a relay that stopped mid-transfer at an odd byte."""
+    """A server that answers its first range request with the right head and the first `cut` bytes of the body
+    (from the seed's file), then closes, and every later one with a 503: a relay whose copy stopped at an odd
+    byte."""
 
     def __init__(self, root, cut):
         self.root, self.cut = root, cut
@@ -605,6 +607,10 @@ class BreakingPeer(object):
             head = b""
             while b"\r\n\r\n" not in head:
                 head += conn.recv(4096)
+            if self.served:
+                conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 12\r\n\r\nnot running\n")
+                conn.close()
+                continue
             lines = head.decode().split("\r\n")
             rel = lines[0].split()[1][len("/files/"):]
             first, last = [int(x) for x in [h for h in lines if h.startswith("Range:")][0].split("=")[1].split("-")]
@@ -731,3 +737,38 @@ def test_send_range_sends_the_range_and_gives_up_on_a_peer_that_stops_reading(tm
     assert sent < 1 << 20 and time.time() - t0 < 3
     a.close()
     b.close()
+
+
+def test_a_node_goes_back_to_the_node_before_it_once_that_one_has_the_file(seed, server, tmp_path, monkeypatch):
+    """The chain: a receiver asks the node before it first; when that node's .part is not there yet it takes a
+    piece from the next peer (the seed) and then goes back, so the seed does not feed every node."""
+    root, m = seed
+    relay_dir = str(tmp_path / "relay")
+    shutil.copytree(root, relay_dir)
+    relay = Running(relay_dir)
+    asked = set()
+    real_locate = relay.srv.locate
+
+    def late(rel, entry):  # every file "not here yet" at the first request
+        if rel not in asked:
+            asked.add(rel)
+            return None, "not here yet"
+        return real_locate(rel, entry)
+
+    relay.srv.locate = late
+    by_peer = {}
+    real_arrived = transfer.Run.arrived
+
+    def arrived(self, data, peer):
+        by_peer[peer.url] = by_peer.get(peer.url, 0) + len(data)
+        return real_arrived(self, data, peer)
+
+    monkeypatch.setattr(transfer.Run, "arrived", arrived)
+    try:
+        transfer.sync([relay.url, server.url], TOKEN, str(tmp_path / "dest"), manifest=m, parallel=1)
+    finally:
+        relay.stop()
+    assert same_tree(root, str(tmp_path / "dest"), m)
+    first_pieces = sum(min(e["size"], PIECE) for e in m["files"].values())
+    assert by_peer[server.url] == first_pieces  # one piece per file from the seed, then the relay again
+    assert by_peer[relay.url] == manifest.total_bytes(m) - first_pieces
