@@ -51,6 +51,10 @@ LIVE_SECONDS = 15
 # a request for bytes still arriving looks again after 1 ms, then 2, 4, ... at most 16 ms: a relay adds little
 # latency per hop, and many waiting requests cost little CPU
 POLL_FIRST, POLL_MAX = 0.001, 0.016
+# a file this node's running copy has not started yet is waited for this long (the nodes of a chain start
+# their files at about the same time: the one before answers as soon as its .part is there, instead of every
+# node taking its files' first piece from further up the chain, the seed most of all)
+START_WAIT = 3.0
 
 # <file>.part.progress is one fixed-width record the receiving client rewrites in place (no temporary file,
 # nothing left over by a full disk): pieces checked, bytes received, and a CRC of both, so a reader that
@@ -243,6 +247,18 @@ class WeightServer(object):
             return entry["size"]
         return checked * piece if received is None else received
 
+    def wait_to_start(self, rel, entry):
+        """locate(), waiting up to START_WAIT for a file this node's running copy has not started yet."""
+        deadline = time.time() + START_WAIT
+        pause = POLL_FIRST
+        while True:
+            path, complete = self.locate(rel, entry)
+            if path is not None or complete != "not here yet" or time.time() > deadline or not self.copy_running():
+                return path, complete
+            self.touch()
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX)
+
     def wait_for(self, rel, entry, piece, want):
         """Wait until more than `want` bytes of `rel` arrived; -> bytes received. Raises _Gone when this
         node's copy is not running or nothing arrived for wait_timeout."""
@@ -326,7 +342,7 @@ class WeightServer(object):
                             raise ValueError(rng)
                     except ValueError:
                         return self.reply(416, b"bad range\n", extra={"Content-Range": "bytes */%d" % size})
-                path, complete = server.locate(rel, entry)
+                path, complete = server.wait_to_start(rel, entry)
                 if path is None:
                     code = 404 if complete == "outside the model directory" else 503
                     server.log("%d %s from %s (%s)" % (code, rel, peer, complete))
