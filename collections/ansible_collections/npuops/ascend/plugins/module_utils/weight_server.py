@@ -24,6 +24,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import errno
 import hmac
 import json
 import os
@@ -247,6 +248,20 @@ class WeightServer(object):
             return entry["size"]
         return checked * piece if received is None else received
 
+    def open_servable(self, rel, entry):
+        """(open file, complete) of a servable copy of `rel` (wait_to_start), or (None, reason). A .part renamed
+        into place between finding it and opening it is opened under its final name."""
+        for _attempt in range(2):
+            path, complete = self.wait_to_start(rel, entry)
+            if path is None:
+                return None, complete
+            try:
+                return open(path, "rb"), complete
+            except IOError as e:
+                if e.errno != errno.ENOENT:
+                    raise
+        return None, "not here yet"
+
     def wait_to_start(self, rel, entry):
         """locate(), waiting up to START_WAIT for a file this node's running copy has not started yet."""
         deadline = time.time() + START_WAIT
@@ -342,46 +357,46 @@ class WeightServer(object):
                             raise ValueError(rng)
                     except ValueError:
                         return self.reply(416, b"bad range\n", extra={"Content-Range": "bytes */%d" % size})
-                path, complete = server.wait_to_start(rel, entry)
-                if path is None:
+                f, complete = server.open_servable(rel, entry)
+                if f is None:
                     code = 404 if complete == "outside the model directory" else 503
                     server.log("%d %s from %s (%s)" % (code, rel, peer, complete))
                     return self.reply(code, (complete + "\n").encode(), extra={"Retry-After": "1"})
-                piece = int(manifest.get("piece_size") or 1)
-                available = end + 1
-                if not complete:
-                    try:
-                        available = min(server.wait_for(rel, entry, piece, start), end + 1)
-                    except _Gone as e:
-                        server.log("503 %s from %s (%s)" % (rel, peer, e))
-                        return self.reply(503, ("%s\n" % e).encode(), extra={"Retry-After": "1"})
-                self.send_body(path, rel, entry, piece, start, end, available, rng is not None)
-
-            def send_body(self, path, rel, entry, piece, start, end, available, ranged):
-                """The bytes [start, end]; of a file still arriving, each as soon as it is here."""
-                with open(path, "rb") as f:
-                    self.send_response(206 if ranged else 200)
-                    self.send_header("Content-Type", "application/octet-stream")
-                    self.send_header("Content-Length", str(end - start + 1))
-                    if ranged:
-                        self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, entry["size"]))
-                    self.end_headers()
-                    self.wfile.flush()
-                    pos = start
-                    while True:
-                        if available > pos:
-                            sent = send_range(self.connection, f, pos, available - pos, self.timeout)
-                            pos += sent
-                            if pos < available:
-                                break
-                        if pos > end:
-                            return
+                with f:
+                    piece = int(manifest.get("piece_size") or 1)
+                    available = end + 1
+                    if not complete:
                         try:
-                            got = server.wait_for(rel, entry, piece, pos)
+                            available = min(server.wait_for(rel, entry, piece, start), end + 1)
                         except _Gone as e:
-                            server.log("%s from %s: closed at byte %d (%s)" % (rel, self.client_address[0], pos, e))
+                            server.log("503 %s from %s (%s)" % (rel, peer, e))
+                            return self.reply(503, ("%s\n" % e).encode(), extra={"Retry-After": "1"})
+                    self.send_body(f, rel, entry, piece, start, end, available, rng is not None)
+
+            def send_body(self, f, rel, entry, piece, start, end, available, ranged):
+                """The bytes [start, end] of open file `f`; of a file still arriving, each as soon as it is here."""
+                self.send_response(206 if ranged else 200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(end - start + 1))
+                if ranged:
+                    self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, entry["size"]))
+                self.end_headers()
+                self.wfile.flush()
+                pos = start
+                while True:
+                    if available > pos:
+                        sent = send_range(self.connection, f, pos, available - pos, self.timeout)
+                        pos += sent
+                        if pos < available:
                             break
-                        available = min(got, end + 1)
+                    if pos > end:
+                        return
+                    try:
+                        got = server.wait_for(rel, entry, piece, pos)
+                    except _Gone as e:
+                        server.log("%s from %s: closed at byte %d (%s)" % (rel, self.client_address[0], pos, e))
+                        break
+                    available = min(got, end + 1)
                 self.close_connection = True  # fewer bytes than announced: the client asks another peer
 
         return Handler

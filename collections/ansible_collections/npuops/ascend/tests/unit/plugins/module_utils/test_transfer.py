@@ -772,3 +772,58 @@ def test_a_node_goes_back_to_the_node_before_it_once_that_one_has_the_file(seed,
     first_pieces = sum(min(e["size"], PIECE) for e in m["files"].values())
     assert by_peer[server.url] == first_pieces  # one piece per file from the seed, then the relay again
     assert by_peer[relay.url] == manifest.total_bytes(m) - first_pieces
+
+
+def test_a_part_renamed_into_place_while_asked_for_is_served_under_its_final_name(seed, server):
+    """The relay's copy finished the file between the server finding its .part and opening it."""
+    root, m = seed
+    rel = "config.json"
+    real_locate = server.srv.locate
+    raced = []
+
+    def stale(r, entry):
+        if not raced:
+            raced.append(r)
+            return os.path.join(server.srv.root, r) + ".part", False  # gone by the time it is opened
+        return real_locate(r, entry)
+
+    server.srv.locate = stale
+    code, body = raw_get(server.url, "/files/" + rel)
+    assert raced and code == 200 and body == open(os.path.join(root, rel), "rb").read()
+
+
+def test_a_relay_waits_a_moment_for_a_file_its_running_copy_is_about_to_start(seed, tmp_path):
+    root, m = seed
+    rel = "model-00001-of-00003.safetensors"
+    relay_dir = str(tmp_path / "relay")
+    os.makedirs(os.path.join(relay_dir, ".npuops"))
+    manifest.save_json(weight_server.manifest_path(relay_dir), m)
+    manifest.save_json(weight_server.sync_progress_path(relay_dir), {"state": "running", "updated": time.time()})
+    relay = Running(relay_dir)
+    data = open(os.path.join(root, rel), "rb").read()
+
+    def start_the_file():  # what the relay's copy does 0.5 s later: the file's .part, then its bytes
+        time.sleep(0.5)
+        with open(os.path.join(relay_dir, rel + ".part"), "wb") as f:
+            f.write(data)
+        with open(os.path.join(relay_dir, rel + weight_server.PROGRESS_SUFFIX), "wb") as f:
+            f.write(weight_server.encode_progress(len(m["files"][rel]["pieces"]), len(data)))
+
+    t = threading.Thread(target=start_the_file)
+    t.start()
+    try:
+        t0 = time.time()
+        code, body = raw_get(relay.url, "/files/" + rel)
+        assert code == 200 and body == data and 0.4 < time.time() - t0 < weight_server.START_WAIT
+        t.join(5)
+        # a file the running copy does not start within START_WAIT: 503 then, and at once when no copy runs
+        other = "model-00002-of-00003.safetensors"
+        t0 = time.time()
+        assert raw_get(relay.url, "/files/" + other)[0] == 503
+        assert weight_server.START_WAIT <= time.time() - t0 < weight_server.START_WAIT + 2
+        manifest.save_json(weight_server.sync_progress_path(relay_dir), {"state": "failed", "updated": time.time()})
+        relay.srv._live = (0.0, False)
+        t0 = time.time()
+        assert raw_get(relay.url, "/files/" + other)[0] == 503 and time.time() - t0 < 1
+    finally:
+        relay.stop()
