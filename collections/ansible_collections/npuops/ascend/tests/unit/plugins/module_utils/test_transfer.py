@@ -582,23 +582,17 @@ def test_a_bad_piece_from_one_peer_comes_again_from_another_and_the_file_streams
     assert out["peer_failures"] == []  # a bad piece is not a failed peer
 
 
-class BreakingPeer(object):
+class BreakingPeer(FrozenPeer):
     """A server that answers its first range request with the right head and the first `cut` bytes of the body
     (from the seed's file), then closes, and every later one with a 503: a relay whose copy stopped at an odd
     byte."""
 
     def __init__(self, root, cut):
         self.root, self.cut = root, cut
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
         self.served = 0
-        self.thread = threading.Thread(target=self.serve)
-        self.thread.daemon = True
-        self.thread.start()
+        super(BreakingPeer, self).__init__()
 
-    def serve(self):
+    def accept(self):
         while True:
             try:
                 conn, _addr = self.sock.accept()
@@ -621,9 +615,6 @@ class BreakingPeer(object):
                          + body)
             self.served += len(body)
             conn.close()
-
-    def close(self):
-        self.sock.close()
 
 
 def test_a_peer_that_stops_at_an_odd_byte_is_left_there_and_the_next_realigns(seed, server, tmp_path, monkeypatch):
