@@ -416,7 +416,10 @@ class FrozenPeer(object):
                 conn, _addr = self.sock.accept()
             except OSError:
                 return
-            self.accepted.append(conn)  # held open, never read
+            self.answer(conn)
+
+    def answer(self, conn):
+        self.accepted.append(conn)  # held open, never read
 
     def close(self):
         self.sock.close()
@@ -592,29 +595,24 @@ class BreakingPeer(FrozenPeer):
         self.served = 0
         super(BreakingPeer, self).__init__()
 
-    def accept(self):
-        while True:
-            try:
-                conn, _addr = self.sock.accept()
-            except OSError:
-                return
-            head = b""
-            while b"\r\n\r\n" not in head:
-                head += conn.recv(4096)
-            if self.served:
-                conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 12\r\n\r\nnot running\n")
-                conn.close()
-                continue
-            lines = head.decode().split("\r\n")
-            rel = lines[0].split()[1][len("/files/"):]
-            first, last = [int(x) for x in [h for h in lines if h.startswith("Range:")][0].split("=")[1].split("-")]
-            with open(os.path.join(self.root, rel), "rb") as f:
-                f.seek(first)
-                body = f.read(min(self.cut, last + 1 - first))
-            conn.sendall(("HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\n\r\n" % (last + 1 - first)).encode()
-                         + body)
-            self.served += len(body)
+    def answer(self, conn):
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(4096)
+        if self.served:
+            conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 12\r\n\r\nnot running\n")
             conn.close()
+            return
+        lines = head.decode().split("\r\n")
+        rel = lines[0].split()[1][len("/files/"):]
+        first, last = [int(x) for x in [h for h in lines if h.startswith("Range:")][0].split("=")[1].split("-")]
+        with open(os.path.join(self.root, rel), "rb") as f:
+            f.seek(first)
+            body = f.read(min(self.cut, last + 1 - first))
+        conn.sendall(("HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\n\r\n" % (last + 1 - first)).encode()
+                     + body)
+        self.served += len(body)
+        conn.close()
 
 
 def test_a_peer_that_stops_at_an_odd_byte_is_left_there_and_the_next_realigns(seed, server, tmp_path, monkeypatch):
