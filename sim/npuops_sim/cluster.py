@@ -2,17 +2,21 @@
 
 A node is: a network namespace (`<prefix>-nNN`) with a management NIC on the `<prefix>-mgmt` bridge and a
 fabric NIC on the `<prefix>-fab` bridge carrying the node's 16 NPU device addresses; a private mount and
-UTS namespace in which /etc, /usr/local, /root and /dev are overlays over the host's (so the node has its
-own /etc/hccn.conf, driver files, fake npu-smi/hccn_tool, /dev/davinci*, podman configuration) and /run,
-/tmp, /srv, /dev/shm are its own; and an sshd started inside both, which is how Ansible reaches it.
+UTS namespace in which /etc, /usr/local and /dev are overlays over the host's (so the node has its own
+/etc/hccn.conf, driver files, fake npu-smi/hccn_tool, /dev/davinci*, podman configuration) and /root, /run,
+/tmp, /srv, /dev/shm are its own; and an sshd started inside both, which is how Ansible reaches it. The
+simulator's own directory (SIM_ROOT, which holds the nodes' files) stays at its path inside every node, also
+when it lies under one of those (a SIM_ROOT in the temporary directory: a second checkout's cluster).
 
 Everything created is recorded in `<cluster dir>/state.json` as it is created, so `down` removes exactly
 that (processes by PID and by membership of the node's own namespaces), also after a crash halfway up.
 """
+import hashlib
 import ipaddress
 import json
 import os
 import shutil
+import shlex
 import signal
 import socket
 import subprocess
@@ -26,6 +30,16 @@ SSHD = "/usr/sbin/sshd"
 SHM_SIZE = "16g"
 SMALL_SHM = "64m"  # Docker's default shm is 64 MB: what the no_shm fault gives the node (vllm-ascend PR #3519)
 DEFAULT_BUSY_PORT = 8000
+# what each node mounts of its own, in this order (boot_script); SIM_ROOT stays reachable under any of them
+NODE_MOUNT_POINTS = ("/etc", "/usr/local", "/root", "/dev", "/dev/pts", "/dev/ptmx", "/dev/shm", "/run", "/tmp", "/srv",
+                     "/var/lib/npuops")
+MOUNT_STAGE = "mount.stage"
+# the nodes' overlay mount options and sshd_config carry the simulator's paths as they are
+# a Unix socket's path holds at most 107 bytes; ssh binds a control socket as <ControlPath>.<16 random chars>
+# and %C is 40 hex chars
+SOCKET_PATH_MAX, CONTROL_SOCKET_NAME = 107, 1 + 40 + 17
+SHORT_CONTROL_DIRS = "/run/npuops-sim"
+UNSAFE_IN_SIM_ROOT = ",:\"'\\#"
 
 
 class SimError(Exception):
@@ -38,6 +52,25 @@ def run(argv, check=True, input=None, timeout=60):
     if check and proc.returncode != 0:
         raise SimError("%s failed (rc=%d): %s" % (" ".join(argv), proc.returncode, proc.stderr.strip()))
     return proc
+
+
+def check_sim_root(root):
+    """Refuse a SIM_ROOT the nodes cannot boot from, saying why; create it. Any other writable directory works:
+    a node mount over one of its parents (/tmp, /srv, ...) gets SIM_ROOT bound back in (boot_script)."""
+    real = os.path.realpath(root)
+    if real in NODE_MOUNT_POINTS or real == "/dev/pts" or real.startswith("/dev/pts/"):
+        raise SimError("SIM_ROOT=%s: each node mounts its own %s there, which would hide the simulator's files from "
+                       "the nodes; use a directory below it (e.g. mktemp -d)" % (root, real))
+    bad = sorted(set(c for c in real if c in UNSAFE_IN_SIM_ROOT or not c.isprintable() or c.isspace()))
+    if bad:
+        raise SimError("SIM_ROOT=%s: contains %s, which the nodes' overlay mount options and sshd_config cannot "
+                       "carry; use a path without them" % (root, ", ".join(repr(c) for c in bad)))
+    try:
+        os.makedirs(real, exist_ok=True)
+    except OSError as e:
+        raise SimError("SIM_ROOT=%s: cannot create it (%s); give a writable directory" % (root, e.strerror))
+    if not os.access(real, os.W_OK | os.X_OK):
+        raise SimError("SIM_ROOT=%s: not writable (read-only file system?); give a writable directory" % root)
 
 
 def pid_alive(pid):
@@ -128,11 +161,21 @@ class Cluster:
     def node_dir(self, name):
         return os.path.join(self.dir, "nodes", name)
 
+    def control_dir(self):
+        """Where the controller's ssh control sockets go: <ssh dir>/cp, or, when a socket's path there would be too
+        long for a Unix socket (a deep SIM_ROOT), a short directory of this cluster's own under /run."""
+        d = os.path.join(self.ssh_dir(), "cp")
+        if len(d) + CONTROL_SOCKET_NAME <= SOCKET_PATH_MAX:
+            return d
+        return os.path.join(SHORT_CONTROL_DIRS, "cp-%s-%s" % (self.names.prefix,
+                                                               hashlib.sha256(self.dir.encode()).hexdigest()[:12]))
+
     # ----------------------------------------------------------------- up
     def up(self, count, generation="a3", faults=(), inventory=None, tier=None, superpod=False, ping_interval=None,
            gateways=0, replicas=1, monitors=0, prefill_nodes=None):
         if os.geteuid() != 0:
             raise SimError("the simulator needs root (network and mount namespaces); run it as root")
+        check_sim_root(paths.root())
         if replicas < 1 or count % replicas:
             raise SimError("REPLICAS=%d must divide NODES=%d (every instance has the same tier)" % (replicas, count))
         specs = plan.nodes(count, generation, self.names, self.plan, gateways=gateways, monitors=monitors)
@@ -197,7 +240,7 @@ class Cluster:
     def make_ssh_identity(self, specs):
         d = self.ssh_dir()
         os.makedirs(d, mode=0o700, exist_ok=True)
-        os.makedirs(os.path.join(d, "cp"), mode=0o700, exist_ok=True)
+        os.makedirs(self.control_dir(), mode=0o700, exist_ok=True)
         key = os.path.join(d, "id_ed25519")
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "npuops-sim-%s" % self.names.prefix, "-f", key])
         with open(key + ".pub") as f:
@@ -249,7 +292,7 @@ class Cluster:
     def make_node_files(self, spec, all_specs, generation, superpod, ping_interval=None):
         d = self.node_dir(spec.name)
         for sub in ("etc.up", "etc.work", "usr.up", "usr.work", "dev.up", "dev.work", "root", "tmp", "srv/models",
-                    "containers", "varlib"):
+                    "containers", "varlib", MOUNT_STAGE):
             os.makedirs(os.path.join(d, sub), exist_ok=True)
         os.chmod(os.path.join(d, "tmp"), 0o1777)
         # a server's own root home, not this machine's (whose shell start-up files may be slow or odd)
@@ -319,20 +362,36 @@ class Cluster:
               prof.toolkit_install_info(p))
 
     def boot_script(self, spec, d):
-        ov = "mount -t overlay overlay -o lowerdir={low},upperdir=%s/{n}.up,workdir=%s/{n}.work {low}" % (d, d)
+        q = shlex.quote
+        ov = "-t overlay overlay -o lowerdir={low},upperdir=%s/{n}.up,workdir=%s/{n}.work" % (d, d)
+        mounts = [("/etc", ov.format(low="/etc", n="etc")), ("/usr/local", ov.format(low="/usr/local", n="usr")),
+                  ("/root", "--bind %s/root" % d), ("/dev", ov.format(low="/dev", n="dev")),
+                  ("/dev/pts", "-t devpts -o newinstance,ptmxmode=0666,mode=620 devpts"),
+                  ("/dev/ptmx", "--bind /dev/pts/ptmx"), ("/dev/shm", "-t tmpfs -o size=%s,mode=1777 shm" % SHM_SIZE),
+                  ("/run", "-t tmpfs -o mode=755,size=256m run"), ("/tmp", "--bind %s/tmp" % d),
+                  ("/srv", "--bind %s/srv" % d),
+                  # the node's own state (records, keys, HAProxy's server state), as on a real host: never shared
+                  # with the other nodes or another cluster on this machine
+                  ("/var/lib/npuops", "--bind %s/varlib" % d)]
+        assert [m[0] for m in mounts] == list(NODE_MOUNT_POINTS)
+        root = os.path.realpath(paths.root())
+        stage = os.path.join(d, MOUNT_STAGE)
         lines = ["#!/bin/sh", "# node boot: runs inside the node's own network, mount and UTS namespaces",
-                 "set -e", "hostname %s" % spec.name,
-                 ov.format(low="/etc", n="etc"), ov.format(low="/usr/local", n="usr"),
-                 "mount --bind %s/root /root" % d, ov.format(low="/dev", n="dev"),
-                 "mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts /dev/pts",
-                 "mount --bind /dev/pts/ptmx /dev/ptmx",
-                 "mount -t tmpfs -o size=%s,mode=1777 shm /dev/shm" % SHM_SIZE,
-                 "mount -t tmpfs -o mode=755,size=256m run /run", "mkdir -p /run/sshd /run/lock",
-                 "mount --bind %s/tmp /tmp" % d, "mount --bind %s/srv /srv" % d,
-                 # the node's own state (records, keys, HAProxy's server state), as on a real host: never shared
-                 # with the other nodes or another cluster on this machine
-                 "mkdir -p /var/lib/npuops", "mount --bind %s/varlib /var/lib/npuops" % d,
-                 "exec %s -D -e -f %s/sshd_config" % (SSHD, d)]
+                 "set -e", "hostname %s" % spec.name]
+        for target, how in mounts:
+            if target == "/var/lib/npuops":
+                lines.append("mkdir -p %s" % target)  # on the machine's own /var: an empty mount point
+            if not os.path.relpath(root, target).startswith(".."):
+                # the mount would hide SIM_ROOT (and this node's own files under it): it is made at a staging
+                # directory first, SIM_ROOT is bound into it at its own path, and the whole moves into place
+                inside = os.path.join(stage, os.path.relpath(root, target))
+                lines += ["mount %s %s" % (how, q(stage)), "mkdir -p %s" % q(inside),
+                          "mount --bind %s %s" % (q(root), q(inside)), "mount -n --move %s %s" % (q(stage), target)]
+            else:
+                lines.append("mount %s %s" % (how, target))
+            if target == "/run":
+                lines.append("mkdir -p /run/sshd /run/lock")
+        lines.append("exec %s -D -e -f %s/sshd_config" % (SSHD, d))
         return "\n".join(lines) + "\n"
 
     def sshd_config(self, spec, d):
@@ -417,7 +476,7 @@ class Cluster:
             "    ansible_ssh_private_key_file: %s/id_ed25519" % ssh,
             "    ansible_ssh_common_args: >-",
             "      -o UserKnownHostsFile=%s/known_hosts -o StrictHostKeyChecking=yes" % ssh,
-            "      -o ControlMaster=auto -o ControlPersist=60s -o ControlPath=%s/cp/%%C" % ssh,
+            "      -o ControlMaster=auto -o ControlPersist=60s -o ControlPath=%s/%%C" % self.control_dir(),
             "    npuops_image: %s:%s" % (image.REPOSITORY, image.tier_tag(tier, generation)),
         ]
         if tier:
@@ -681,11 +740,17 @@ class Cluster:
             pids += [int(p) for p in out if p.isdigit()]
         terminate(sorted(set(pids)))
         # 3. ssh control masters the controller opened to the nodes (named by our control path)
-        cp = os.path.join(self.ssh_dir(), "cp")
+        cp = self.control_dir()
         if os.path.isdir(cp):
             for sock in os.listdir(cp):
                 run(["ssh", "-o", "ControlPath=%s" % os.path.join(cp, sock), "-O", "exit", "npuops-sim"],
                     check=False, timeout=10)
+            if not cp.startswith(self.dir + os.sep):
+                shutil.rmtree(cp, ignore_errors=True)
+                try:
+                    os.rmdir(SHORT_CONTROL_DIRS)  # the last cluster's
+                except OSError:
+                    pass
         # 4. links and namespaces, by the names we gave them
         for link in self.our_links(state):
             run(["ip", "link", "del", link], check=False)

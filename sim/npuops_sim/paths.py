@@ -43,7 +43,8 @@ def containers_conf(volumes=()):
 
 
 def root():
-    return os.environ.get("SIM_ROOT", "/var/lib/npuops-sim")
+    # absolute: the nodes boot from paths under it, whatever their working directory
+    return os.path.abspath(os.environ.get("SIM_ROOT") or "/var/lib/npuops-sim")
 
 
 def cache_dir():

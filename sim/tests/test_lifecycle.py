@@ -122,3 +122,42 @@ def test_sim_playbooks_bring_the_cluster_up_and_down(tmp_path):
     finally:
         run([BIN + "/ansible-playbook", "playbooks/sim_down.yml"])
     assert c.state is None and not inv.exists()
+
+
+def test_a_sim_root_inside_the_temporary_directory_works(tmp_path, tmp_path_factory, monkeypatch):
+    """A second checkout's cluster keeps its state under a temporary directory (SIM_ROOT=$(mktemp -d)). Every node
+    mounts its own /tmp; that must not hide the files the node boots and runs from (its /srv, sshd's keys, podman's
+    image store), and the node's /tmp stays its own."""
+    monkeypatch.setenv("SIM_ROOT", str(tmp_path / "sim-root"))
+    sim("down")
+    c = bring_up(tmp_path_factory, 2)
+    try:
+        assert c.api.dir.startswith(str(tmp_path) + "/")
+        out = run([BIN + "/ansible", "all", "-i", c.inventory, "-m", "ansible.builtin.ping", "-o"]).stdout
+        assert sorted(re.findall(r"^(node\d+) \| SUCCESS", out, re.M)) == ["node01", "node02"]
+        # podman inside the node reads the image store under SIM_ROOT
+        assert c.ssh("node01", "podman image exists %s && echo present" % c.state["image"]).stdout.strip() == "present"
+        probe = "npwt-own-tmp-%d" % os.getpid()
+        c.ssh("node02", "echo node02 > /tmp/%s && echo models > /srv/models/%s" % (probe, probe))
+        node_dir = c.api.node_dir("node02")
+        assert open(os.path.join(node_dir, "tmp", probe)).read() == "node02\n"
+        assert open(os.path.join(node_dir, "srv", "models", probe)).read() == "models\n"
+        assert not os.path.exists(os.path.join("/tmp", probe))
+        assert c.ssh("node01", "test -e /tmp/%s || echo absent" % probe).stdout.strip() == "absent"
+    finally:
+        control = c.api.control_dir()  # ssh's control sockets: too deep under tmp_path for a socket's path
+        sim("down")
+    assert not os.path.exists(c.api.dir) and not os.path.exists(control)
+
+
+def test_a_sim_root_the_nodes_mount_over_is_refused_with_the_reason(tmp_path, monkeypatch):
+    lock_before = os.path.exists("/tmp/image.lock")
+    for root, reason in (("/tmp", "each node mounts its own /tmp there"),
+                         (str(tmp_path / "a,b"), "','")):
+        monkeypatch.setenv("SIM_ROOT", root)
+        proc = sim("up", "--nodes", "1", check=False)
+        assert proc.returncode != 0
+        assert "SIM_ROOT=%s" % root in proc.stderr and reason in proc.stderr, proc.stderr
+    # refused before anything was made there
+    assert not os.path.exists(tmp_path / "a,b")
+    assert os.path.exists("/tmp/image.lock") == lock_before

@@ -4,11 +4,18 @@
 """Peer-to-peer weight transfer, the client side (the server is weight_server.py).
 
 The client fetches the manifest, skips files already verified and fetches the rest, several files at a
-time, each file's bytes in order into ``<file>.part``. Bytes are hashed as they arrive and written at once,
-so this node's own server can relay them downstream while they land; each piece's sha256 is checked against
-the seed's manifest before the piece counts (a file whose pieces all match is the seed's file), then the
-file is fsynced and renamed. A killed copy resumes from its last checked piece. A bad piece is fetched
-again once (another peer first), then the copy fails naming the file, the piece and both digests.
+time (each on a thread of its own: receiving, hashing and writing release the GIL, so the files in flight
+spread over the host's cores), each file's bytes in order into ``<file>.part``, in one request per file
+and peer. Bytes are hashed as they arrive and written at once, so this node's own server can relay them
+downstream while they land; each piece's sha256 is checked against the seed's manifest before the piece
+counts (a file whose pieces all match is the seed's file), then the file is fsynced and renamed. A killed
+copy resumes from its last checked piece. A bad piece is fetched again once (another peer first), then the
+copy fails naming the file, the piece and both digests.
+
+CPU per byte: the receiver copies each byte once, from the socket into an aligned buffer, hashes it there
+and writes it to disk with O_DIRECT (the disk reads it from that buffer, no copy into the page cache and no
+writeback of dirty pages), where the file system supports it; reads stay within a piece and aligned, so
+only a file's tail (or a resume at an odd byte) goes through the page cache. The sender uses sendfile(2).
 
 Peers fail in three ways, each handled without waiting on it again: refused or unreachable (a short connect
 timeout), gone mid-transfer (the connection breaks), or frozen (a frozen server accepts connections and
@@ -18,10 +25,11 @@ frozen or powered-off one does not and is routed around. A failed peer stays dem
 backoff that doubles up to a minute; a background probe restores it once it answers again. The transfer
 goes on from the byte where it stopped, with the next peer.
 
-Page cache: a checkpoint larger than memory must not pile up dirty pages. Writeback of each piece starts
-as soon as it is checked, and a window of pieces later the copy waits for that piece to be on disk and
-drops its pages (unless ``keep_cache``, for a prewarm), so the memory a copy holds stays bounded whatever
-the checkpoint's size (sync_file_range(2), posix_fadvise(2) POSIX_FADV_DONTNEED).
+Page cache: a checkpoint larger than memory must not pile up dirty pages. Written with O_DIRECT it leaves
+none. Written through the page cache (``keep_cache``, for a prewarm, or a file system without O_DIRECT),
+writeback of each piece starts as soon as it is checked, and a window of pieces later the copy waits for
+that piece to be on disk and drops its pages (unless ``keep_cache``), so the memory a copy holds stays
+bounded whatever the checkpoint's size (sync_file_range(2), posix_fadvise(2) POSIX_FADV_DONTNEED).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -32,6 +40,7 @@ import collections
 import errno
 import hashlib
 import json
+import mmap
 import os
 import socket
 import threading
@@ -50,10 +59,13 @@ from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import
 
 CONNECT_TIMEOUT = 3.0
 PING_TIMEOUT = 3.0
-# bytes received per read, adapted to the rate: large reads when the data flows (fewer calls per byte),
-# small ones when it trickles (a relay forwards what it received after each read: the hop's latency)
-CHUNK_MIN, CHUNK = 64 * 1024, 1024 * 1024
+# bytes received per read, adapted to the rate: large reads when the data flows (fewer calls and wake-ups
+# per byte: up to a whole piece per read, which measured 5 % less CPU per byte, both ends, than 1 MiB), small
+# ones when it trickles (a relay forwards what it received after each read: the hop's latency)
+CHUNK_MIN, CHUNK = 64 * 1024, 4 * 1024 * 1024
 READ_FAST, READ_SLOW = 0.005, 0.02
+# O_DIRECT wants buffer, offset and length aligned to the device's logical block (512 or 4096 bytes)
+DIRECT_ALIGN = 4096
 # write-behind: a piece this many pieces behind the newest checked one is waited for and dropped
 WRITEBACK_WINDOW = 8
 BACKOFF_FIRST, BACKOFF_MAX = 2.0, 60.0
@@ -127,14 +139,35 @@ def settle(fd, offset, length, drop):
         _fadvise_dontneed(fd, offset, length)
 
 
+def open_direct(path):
+    """A descriptor that writes `path` with O_DIRECT, or None where the file system does not support it."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | flag)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+            return None
+        raise
+
+
+def aligned_buffer(size):
+    """A page-aligned buffer of `size` bytes (what O_DIRECT writes from)."""
+    return memoryview(mmap.mmap(-1, size))
+
+
 class PartFile(object):
-    """One file being received: ``<final>.part``, its progress record, write-behind, and the end (finish:
-    fsync and rename; abandon: leave the checked prefix for a resume, or remove it)."""
+    """One file being received: ``<final>.part``, its progress record, how it is written (O_DIRECT, or
+    the page cache with write-behind), and the end (finish: fsync and rename; abandon: leave the checked
+    prefix for a resume, or remove it)."""
 
     def __init__(self, final, entry, piece, keep_cache=False):
         self.final, self.entry, self.piece, self.keep_cache = final, entry, piece, keep_cache
         self.size = entry["size"]
         self.fd = os.open(final + ".part", os.O_RDWR | os.O_CREAT, 0o644)
+        # the page cache is what a prewarm wants to keep; otherwise the disk reads straight from our buffer
+        self.dfd = None if keep_cache else open_direct(final + ".part")
         self.pfd = None
         self.checked = 0
         self.received = 0
@@ -173,7 +206,15 @@ class PartFile(object):
         os.pwrite(self.pfd, encode_progress(self.checked, self.received), 0)
 
     def write(self, data, offset):
+        """`data` (from an aligned_buffer when aligned writes are to go direct) at `offset`."""
         written = 0
+        if self.dfd is not None and not offset % DIRECT_ALIGN and not len(data) % DIRECT_ALIGN:
+            try:
+                while written < len(data):
+                    written += os.pwrite(self.dfd, data[written:], offset + written)
+            except OSError as e:
+                if e.errno != errno.EINVAL:  # EINVAL: a buffer that is not aligned; the page cache takes it
+                    raise
         while written < len(data):
             written += os.pwrite(self.fd, data[written:], offset + written)
 
@@ -186,6 +227,8 @@ class PartFile(object):
         self.checked = index + 1
         self.received = max(self.received, offset + length)
         self.publish()
+        if self.dfd is not None:
+            return  # on disk already (a file's unaligned tail is in the cache until the fsync)
         start_writeback(self.fd, offset, length)
         while self.settled <= index - WRITEBACK_WINDOW:
             settle(self.fd, self.settled * self.piece, self.piece, not self.keep_cache)
@@ -197,11 +240,13 @@ class PartFile(object):
         self.publish()
 
     def finish(self):
-        os.fsync(self.fd)
+        os.fsync(self.fd)  # the direct writes' metadata and the device's cache too
         if not self.keep_cache:
             _fadvise_dontneed(self.fd, 0, 0)
-        os.close(self.fd)
-        self.fd = None
+        for fd in (self.fd, self.dfd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.dfd = None
         os.rename(self.final + ".part", self.final)
         self.abandon(remove=False)
         _unlink(self.final + PROGRESS_SUFFIX)
@@ -212,10 +257,10 @@ class PartFile(object):
             os.close(parent)
 
     def abandon(self, remove):
-        for fd in (self.fd, self.pfd):
+        for fd in (self.fd, self.dfd, self.pfd):
             if fd is not None:
                 os.close(fd)
-        self.fd = self.pfd = None
+        self.fd = self.dfd = self.pfd = None
         if remove:
             for leftover in (self.final + ".part", self.final + PROGRESS_SUFFIX):
                 _unlink(leftover)
@@ -274,16 +319,18 @@ class Connection(object):
         return status, headers
 
     def readinto(self, view):
-        """Up to len(view) bytes of the body; 0 when the peer closed before the end of it."""
+        """Up to len(view) bytes of the body; 0 when the peer closed before the end of it. Without a timeout
+        (data) the whole of it unless the peer closes: what came with the response head, then the rest."""
         want = min(len(view), self.remaining)
+        n = 0
         if self.pending:
             n = min(want, len(self.pending))
             view[:n] = self.pending[:n]
             self.pending = self.pending[n:]
-        else:
+        waitall = self.sock.gettimeout() is None
+        if n < want and not self.pending and (waitall or not n):
             # a whole chunk per call when the data flows (fewer wake-ups); the watchdog ends a stalled read
-            flags = socket.MSG_WAITALL if self.sock.gettimeout() is None else 0
-            n = self.sock.recv_into(view, want, flags)
+            n += self.sock.recv_into(view[n:], want - n, socket.MSG_WAITALL if waitall else 0)
         self.remaining -= n
         return n
 
@@ -650,11 +697,77 @@ def free_bytes(path):
     return st.f_bavail * st.f_frsize
 
 
-class Cursor(object):
-    """Where the bytes of one piece have reached."""
+class _BadPiece(Exception):
+    """A piece did not match the manifest: the stream that brought it stops, the piece is asked for again."""
 
-    def __init__(self, pos):
-        self.pos = pos
+
+class Run(object):
+    """The pieces of one file still to receive, in order: the piece arriving (its digest so far, the peers
+    that sent bytes of it, its attempt), where the bytes have reached, and each piece's check as it ends."""
+
+    def __init__(self, part, rel, entry, first, progress):
+        self.part, self.rel, self.entry, self.progress = part, rel, entry, progress
+        self.pieces = entry["pieces"]
+        self.size = entry["size"]
+        self.delivered = 0  # bytes any peer delivered, checked or not (stall detection)
+        self.avoid = []
+        self._begin(first, attempt=1)
+        while not self.done() and self.length == 0:  # an empty file's one piece: the digest of nothing
+            self._check()
+
+    def _begin(self, index, attempt):
+        self.index, self.attempt = index, attempt
+        if index < len(self.pieces):
+            self.start, self.length = self.part.span(index)
+        self.pos = self.start if index < len(self.pieces) else self.size
+        self.sha = hashlib.sha256()
+        self.sources = []
+
+    def done(self):
+        return self.index >= len(self.pieces)
+
+    def room(self, size):
+        """How much the next read may take: at most `size`, never past the piece's end (a digest per piece
+        without a copy), aligned (O_DIRECT): up to the next aligned offset from an odd one, a whole number of
+        blocks before a file's last odd bytes."""
+        n = min(size, self.start + self.length - self.pos)
+        odd = self.pos % DIRECT_ALIGN
+        if odd:
+            return min(n, DIRECT_ALIGN - odd)
+        return n - n % DIRECT_ALIGN if n > DIRECT_ALIGN else n  # a file's tail: its last odd bytes alone
+
+    def arrived(self, data, peer):
+        """`data` (at most room() bytes) from `peer`: hashed, written, announced to this node's server;
+        -> raises _BadPiece when it ended a piece that does not match."""
+        n = len(data)
+        self.sha.update(data)
+        self.part.write(data, self.pos)
+        self.pos += n
+        self.delivered += n
+        if peer not in self.sources:
+            self.sources.append(peer)
+        self.part.received_to(self.pos)
+        self.progress.add(fetched=n)
+        if self.pos == self.start + self.length:
+            self._check()
+
+    def _check(self):
+        got, want = self.sha.hexdigest()[:32], self.pieces[self.index]
+        if got == want:
+            self.part.piece_checked(self.index)
+            self.progress.add(done_bytes=self.length)
+            self.avoid = []
+            self._begin(self.index + 1, attempt=1)
+            return
+        self.part.rewind(self.index)
+        if self.attempt > 1:
+            raise ChecksumError(
+                "%s: piece %d (bytes %d-%d) has sha256 %s, the seed's manifest says %s, twice; the source changed "
+                "since the manifest was recorded (record it again) or a copy is corrupt"
+                % (self.rel, self.index, self.start, self.start + self.length - 1, got, want))
+        self.avoid = self.sources  # a bad piece: ask again, another peer first
+        self._begin(self.index, attempt=2)
+        raise _BadPiece()
 
 
 class Copier(object):
@@ -678,16 +791,19 @@ class Copier(object):
     def buffer(self):
         buf = getattr(self.local, "buf", None)
         if buf is None:
-            buf = self.local.buf = memoryview(bytearray(CHUNK))
+            buf = self.local.buf = aligned_buffer(CHUNK)
         return buf
 
-    def _stream(self, peer, rel, cur, end, part, sha):
-        """Bytes [cur.pos, end] of `rel` from `peer`, hashed and written as they come; cur.pos follows."""
+    def _stream(self, peer, run):
+        """The rest of run's file from `peer` in one request, each read into run.arrived as it comes. -> True
+        when it stopped at a piece's end for a peer now preferred to this one (a relay whose .part was not
+        there yet when asked): the chain's nodes pull from the node before them, not all from the seed."""
+        rel = run.rel
         conn = self.peers.connection(peer)
         t = self.watchdog.begin(peer, conn) if self.watchdog else None
         try:
             try:
-                status, _headers = conn.request("/files/" + quote(rel), self.peers.token, (cur.pos, end))
+                status, _headers = conn.request("/files/" + quote(rel), self.peers.token, (run.pos, run.size - 1))
                 if status != 206:
                     body = conn.read_body(200)
                     if status in (401, 403):
@@ -704,7 +820,7 @@ class Copier(object):
                     raise _Aborted("stopped: another file of this copy failed")
                 began = time.time()
                 try:
-                    n = conn.readinto(buf[:size])
+                    n = conn.readinto(buf[:run.room(size)])
                 except (socket.error, OSError) as e:
                     raise PeerError(str(e))
                 took = time.time() - began
@@ -717,15 +833,14 @@ class Copier(object):
                     if t is not None and t.stalled:
                         raise PeerError(t.stalled)
                     # a relay closes early when its own copy stopped: it is there, it has no more
-                    raise NotHere("%s closed the transfer at byte %d" % (peer, cur.pos))
+                    raise NotHere("%s closed the transfer at byte %d" % (peer, run.pos))
                 if t is not None:
                     t.last = self.watchdog.clock()
-                data = buf[:n]
-                sha.update(data)
-                part.write(data, cur.pos)
-                cur.pos += n
-                part.received_to(cur.pos)
-                self.progress.add(fetched=n)
+                index = run.index
+                run.arrived(buf[:n], peer)
+                if run.index != index and not run.done() and self.peers.order(run.avoid)[0] is not peer:
+                    return True
+            return False
         except PeerError as e:
             self.peers.drop(peer)
             reason = (t.stalled if t is not None and t.stalled else None) or str(e)
@@ -736,51 +851,40 @@ class Copier(object):
                 self.peers.drop(peer)
             raise
         finally:
+            if conn.remaining:  # left mid-body (a bad piece, a failed copy): the connection is not used again
+                conn.reusable = False
+                self.peers.drop(peer)
             if t is not None:
                 self.watchdog.end(t)
 
-    def _fetch_piece(self, part, rel, entry, index):
-        """One piece into place and checked; a bad one is fetched again once, another peer first."""
-        start, length = part.span(index)
-        end = start + length - 1
-        want = entry["pieces"][index]
-        avoid = []
-        got = None
-        for _attempt in (1, 2):
-            sha = hashlib.sha256()
-            cur = Cursor(start)
-            last_progress = time.time()
-            last = None
-            sources = []
-            while cur.pos <= end:
-                for peer in self.peers.order(avoid):
-                    before = cur.pos
-                    try:
-                        self._stream(peer, rel, cur, end, part, sha)
-                    except (PeerError, NotHere) as e:
-                        last = str(e)
-                    if cur.pos > before:
-                        sources.append(peer)
-                        last_progress = time.time()
-                    if cur.pos > end:
-                        break
-                if cur.pos > end:
+    def _fetch_pieces(self, part, rel, entry, first):
+        """Pieces `first`.. of `rel` into place and checked, from the peers in their order; a peer that fails
+        or has no more is left from the byte where it stopped for the next one."""
+        run = Run(part, rel, entry, first, self.progress)
+        last_progress = time.time()
+        last = None
+        while not run.done():
+            again = False  # a bad piece, or a preferred peer to go back to: look at the order again at once
+            for peer in self.peers.order(run.avoid):
+                before = run.delivered
+                try:
+                    again = self._stream(peer, run)
+                except (PeerError, NotHere) as e:
+                    last = str(e)
+                except _BadPiece:
+                    again = True
+                if run.delivered > before:
+                    last_progress = time.time()
+                if again or run.done():
                     break
-                if time.time() - last_progress > self.stall_timeout:
-                    raise TransferError("%s piece %d: no peer delivered it within %ds (%s)" % (
-                        rel, index, self.stall_timeout, last))
-                if self.abort.is_set():
-                    raise _Aborted("stopped: another file of this copy failed")
-                time.sleep(0.2)  # every peer said "not yet" or failed: look again
-            got = sha.hexdigest()[:32]
-            if got == want:
-                part.piece_checked(index)
-                return length
-            part.rewind(index)
-            avoid = sources  # a bad piece: ask again, another peer first
-        raise ChecksumError("%s: piece %d (bytes %d-%d) has sha256 %s, the seed's manifest says %s, twice; the "
-                            "source changed since the manifest was recorded (record it again) or a copy is corrupt"
-                            % (rel, index, start, end, got, want))
+            if again or run.done():
+                continue
+            if time.time() - last_progress > self.stall_timeout:
+                raise TransferError("%s piece %d: no peer delivered it within %ds (%s)" % (
+                    rel, run.index, self.stall_timeout, last))
+            if self.abort.is_set():
+                raise _Aborted("stopped: another file of this copy failed")
+            time.sleep(0.2)  # every peer said "not yet" or failed: look again
 
     def _disk_full(self, rel, entry):
         st = os.statvfs(self.dest)
@@ -805,10 +909,9 @@ class Copier(object):
                 self.resumed_bytes += resumed
             self.progress.add(done_bytes=resumed)
             part.allocate()
-            for index in range(start, len(entry["pieces"])):
-                if self.abort.is_set():
-                    raise _Aborted("stopped: another file of this copy failed")
-                self.progress.add(done_bytes=self._fetch_piece(part, rel, entry, index))
+            if self.abort.is_set():
+                raise _Aborted("stopped: another file of this copy failed")
+            self._fetch_pieces(part, rel, entry, start)
             part.finish()
         except Exception as e:
             full = isinstance(e, OSError) and e.errno == errno.ENOSPC

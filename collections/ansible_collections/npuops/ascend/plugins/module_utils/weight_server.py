@@ -24,11 +24,13 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import errno
 import hmac
 import json
 import os
 import select
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -50,6 +52,10 @@ LIVE_SECONDS = 15
 # a request for bytes still arriving looks again after 1 ms, then 2, 4, ... at most 16 ms: a relay adds little
 # latency per hop, and many waiting requests cost little CPU
 POLL_FIRST, POLL_MAX = 0.001, 0.016
+# a file this node's running copy has not started yet is waited for this long (the nodes of a chain start
+# their files at about the same time: the one before answers as soon as its .part is there, instead of every
+# node taking its files' first piece from further up the chain, the seed most of all)
+START_WAIT = 3.0
 
 # <file>.part.progress is one fixed-width record the receiving client rewrites in place (no temporary file,
 # nothing left over by a full disk): pieces checked, bytes received, and a CRC of both, so a reader that
@@ -115,6 +121,27 @@ def local_copy_running(root, now=None):
         return False
     now = time.time() if now is None else now
     return state.get("state") == "running" and now - float(state.get("updated") or 0) < LIVE_SECONDS
+
+
+def send_range(sock, fileobj, offset, count, timeout):
+    """`count` bytes of `fileobj` from `offset` with sendfile(2) on the socket made blocking for it: each
+    call moves as much as the peer takes, without a poll and a call per socket buffer (the send timeout
+    still bounds a peer that stops reading). -> bytes sent; fewer when the peer went away or stalled."""
+    sent = 0
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(timeout), 0))
+    try:
+        while sent < count:
+            try:
+                n = os.sendfile(sock.fileno(), fileobj.fileno(), offset + sent, count - sent)
+            except BlockingIOError:
+                break  # the send timeout: the peer took nothing for `timeout` seconds
+            if not n:
+                break
+            sent += n
+    finally:
+        sock.settimeout(timeout)
+    return sent
 
 
 class _Server(ThreadingMixIn, HTTPServer):
@@ -221,6 +248,32 @@ class WeightServer(object):
             return entry["size"]
         return checked * piece if received is None else received
 
+    def open_servable(self, rel, entry):
+        """(open file, complete) of a servable copy of `rel` (wait_to_start), or (None, reason). A .part renamed
+        into place between finding it and opening it is opened under its final name."""
+        for _attempt in range(2):
+            path, complete = self.wait_to_start(rel, entry)
+            if path is None:
+                return None, complete
+            try:
+                return open(path, "rb"), complete
+            except IOError as e:
+                if e.errno != errno.ENOENT:
+                    raise
+        return None, "not here yet"
+
+    def wait_to_start(self, rel, entry):
+        """locate(), waiting up to START_WAIT for a file this node's running copy has not started yet."""
+        deadline = time.time() + START_WAIT
+        pause = POLL_FIRST
+        while True:
+            path, complete = self.locate(rel, entry)
+            if path is not None or complete != "not here yet" or time.time() > deadline or not self.copy_running():
+                return path, complete
+            self.touch()
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX)
+
     def wait_for(self, rel, entry, piece, want):
         """Wait until more than `want` bytes of `rel` arrived; -> bytes received. Raises _Gone when this
         node's copy is not running or nothing arrived for wait_timeout."""
@@ -304,46 +357,46 @@ class WeightServer(object):
                             raise ValueError(rng)
                     except ValueError:
                         return self.reply(416, b"bad range\n", extra={"Content-Range": "bytes */%d" % size})
-                path, complete = server.locate(rel, entry)
-                if path is None:
+                f, complete = server.open_servable(rel, entry)
+                if f is None:
                     code = 404 if complete == "outside the model directory" else 503
                     server.log("%d %s from %s (%s)" % (code, rel, peer, complete))
                     return self.reply(code, (complete + "\n").encode(), extra={"Retry-After": "1"})
-                piece = int(manifest.get("piece_size") or 1)
-                available = end + 1
-                if not complete:
-                    try:
-                        available = min(server.wait_for(rel, entry, piece, start), end + 1)
-                    except _Gone as e:
-                        server.log("503 %s from %s (%s)" % (rel, peer, e))
-                        return self.reply(503, ("%s\n" % e).encode(), extra={"Retry-After": "1"})
-                self.send_body(path, rel, entry, piece, start, end, available, rng is not None)
-
-            def send_body(self, path, rel, entry, piece, start, end, available, ranged):
-                """The bytes [start, end]; of a file still arriving, each as soon as it is here."""
-                with open(path, "rb") as f:
-                    self.send_response(206 if ranged else 200)
-                    self.send_header("Content-Type", "application/octet-stream")
-                    self.send_header("Content-Length", str(end - start + 1))
-                    if ranged:
-                        self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, entry["size"]))
-                    self.end_headers()
-                    self.wfile.flush()
-                    pos = start
-                    while True:
-                        if available > pos:
-                            sent = self.connection.sendfile(f, pos, available - pos)
-                            pos += sent
-                            if not sent:
-                                break
-                        if pos > end:
-                            return
+                with f:
+                    piece = int(manifest.get("piece_size") or 1)
+                    available = end + 1
+                    if not complete:
                         try:
-                            got = server.wait_for(rel, entry, piece, pos)
+                            available = min(server.wait_for(rel, entry, piece, start), end + 1)
                         except _Gone as e:
-                            server.log("%s from %s: closed at byte %d (%s)" % (rel, self.client_address[0], pos, e))
+                            server.log("503 %s from %s (%s)" % (rel, peer, e))
+                            return self.reply(503, ("%s\n" % e).encode(), extra={"Retry-After": "1"})
+                    self.send_body(f, rel, entry, piece, start, end, available, rng is not None)
+
+            def send_body(self, f, rel, entry, piece, start, end, available, ranged):
+                """The bytes [start, end] of open file `f`; of a file still arriving, each as soon as it is here."""
+                self.send_response(206 if ranged else 200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(end - start + 1))
+                if ranged:
+                    self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, entry["size"]))
+                self.end_headers()
+                self.wfile.flush()
+                pos = start
+                while True:
+                    if available > pos:
+                        sent = send_range(self.connection, f, pos, available - pos, self.timeout)
+                        pos += sent
+                        if pos < available:
                             break
-                        available = min(got, end + 1)
+                    if pos > end:
+                        return
+                    try:
+                        got = server.wait_for(rel, entry, piece, pos)
+                    except _Gone as e:
+                        server.log("%s from %s: closed at byte %d (%s)" % (rel, self.client_address[0], pos, e))
+                        break
+                    available = min(got, end + 1)
                 self.close_connection = True  # fewer bytes than announced: the client asks another peer
 
         return Handler

@@ -27,9 +27,13 @@ description:
     naming the file, the piece and both digests. A full disk fails the task before any byte moves when the
     free space is short, or else with every C(.part) of the copy removed and nothing half-written renamed
     into place.
-  - Writeback of every piece starts as it is checked, and a few pieces later its pages are dropped from the
-    page cache (unless O(keep_cache) or O(prewarm)), so a checkpoint larger than the node's memory is copied
-    without a build-up of dirty pages.
+  - Each file comes in one request per peer; every byte is copied once from the socket into an aligned
+    buffer, hashed there and written with C(O_DIRECT) (no copy into the page cache, no dirty pages), the files
+    in flight on threads of their own so hashing and I/O spread over the node's cores.
+  - On a file system without C(O_DIRECT) the bytes go through the page cache, where writeback of every piece
+    starts as it is checked, and a few pieces later its pages are dropped, so a checkpoint larger than the node's
+    memory is copied without a build-up of dirty pages. With O(keep_cache) or O(prewarm) they go through the
+    page cache and stay there.
   - A second run with nothing changed moves no bytes and reports no change.
 author:
   - npuops maintainers (@npuops)

@@ -10,6 +10,7 @@ import http.client
 import io
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -340,7 +341,9 @@ def big_seed(tmp_path):
 
 
 def test_writeback_starts_per_piece_and_written_pages_are_dropped(big_seed, tmp_path, monkeypatch):
+    """Through the page cache (a file system without O_DIRECT)."""
     root, m = big_seed
+    monkeypatch.setattr(transfer, "open_direct", lambda path: None)
     rel = "model-00001-of-00001.safetensors"
     size = m["files"][rel]["size"]
     calls = []
@@ -413,7 +416,10 @@ class FrozenPeer(object):
                 conn, _addr = self.sock.accept()
             except OSError:
                 return
-            self.accepted.append(conn)  # held open, never read
+            self.answer(conn)
+
+    def answer(self, conn):
+        self.accepted.append(conn)  # held open, never read
 
     def close(self):
         self.sock.close()
@@ -499,3 +505,314 @@ def test_the_progress_names_its_run_and_gives_no_eta_from_a_moment(tmp_path):
     snap = p.snapshot()
     assert snap["mb_per_s"] == 200.0 and snap["eta_s"] == round((10e9 - 4e9) / 200e6)
     assert p.snapshot("failed")["eta_s"] is None
+
+
+# ----------------------------------------------------------------------- CPU per byte: the write path, the stream
+
+def written_by_path(monkeypatch):
+    """Record every pwrite into a .part: (O_DIRECT or not, offset, length)."""
+    import fcntl
+    real = os.pwrite
+    seen = []
+
+    def pwrite(fd, data, offset):
+        if os.readlink("/proc/self/fd/%d" % fd).endswith(".part"):
+            seen.append((bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT), offset, len(data)))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    return seen
+
+
+def test_a_copy_writes_with_o_direct_in_aligned_pieces_and_only_each_files_tail_through_the_cache(
+        big_seed, seed, tmp_path, monkeypatch):
+    for root, m in (big_seed, seed):
+        calls = []
+        monkeypatch.setattr(transfer, "_SYNC_FILE_RANGE", lambda *a: calls.append(a))
+        seen = written_by_path(monkeypatch)
+        srv = Running(root)
+        try:
+            dest = str(tmp_path / ("dest-" + os.path.basename(root)))
+            transfer.sync([srv.url], TOKEN, dest, parallel=2)
+        finally:
+            srv.stop()
+            monkeypatch.undo()
+        assert same_tree(root, dest, m)
+        direct = sum(n for d, _o, n in seen if d)
+        cached = [(o, n) for d, o, n in seen if not d]
+        tails = sum(e["size"] % transfer.DIRECT_ALIGN for e in m["files"].values())
+        assert direct == manifest.total_bytes(m) - tails and sum(n for _o, n in cached) == tails
+        assert all(not o % transfer.DIRECT_ALIGN and not n % transfer.DIRECT_ALIGN for d, o, n in seen if d)
+        assert max(n for _d, _o, n in seen) <= transfer.CHUNK
+        assert calls == []  # nothing dirty to write back: the disk took the bytes from the buffer
+
+
+def test_one_request_per_file_and_every_piece_still_checked(seed, server, tmp_path, monkeypatch):
+    root, m = seed
+    paths = []
+    real = transfer.Connection.request
+    monkeypatch.setattr(transfer.Connection, "request", lambda self, path, *a, **k: paths.append(path) or
+                        real(self, path, *a, **k))
+    checked = []
+    real_checked = transfer.PartFile.piece_checked
+    monkeypatch.setattr(transfer.PartFile, "piece_checked",
+                        lambda self, i: checked.append((os.path.basename(self.final), i)) or real_checked(self, i))
+    transfer.sync([server.url], TOKEN, str(tmp_path / "dest"), manifest=m, parallel=1)
+    assert sorted(p for p in paths if p.startswith("/files/")) == sorted("/files/" + r for r in m["files"])
+    assert sorted(checked) == sorted((os.path.basename(r), i) for r, e in m["files"].items()
+                                     for i in range(len(e["pieces"])))
+
+
+def test_a_bad_piece_from_one_peer_comes_again_from_another_and_the_file_streams_on(seed, server, tmp_path):
+    root, m = seed
+    rel = "model-00002-of-00003.safetensors"
+    bad_dir = str(tmp_path / "bad")
+    os.makedirs(os.path.join(bad_dir, ".npuops"))
+    manifest.save_json(weight_server.manifest_path(bad_dir), m)
+    for r in m["files"]:
+        os.makedirs(os.path.dirname(os.path.join(bad_dir, r)) or bad_dir, exist_ok=True)
+        data = bytearray(open(os.path.join(root, r), "rb").read())
+        if r == rel:
+            data[2 * PIECE + 99] ^= 0x40  # piece 2 of 5 is corrupt on this peer
+        open(os.path.join(bad_dir, r), "wb").write(bytes(data))
+    bad = Running(bad_dir)
+    try:
+        out = transfer.sync([bad.url, server.url], TOKEN, str(tmp_path / "dest"), manifest=m, parallel=1)
+    finally:
+        bad.stop()
+    assert same_tree(root, str(tmp_path / "dest"), m)
+    assert out["bytes_fetched"] == manifest.total_bytes(m) + PIECE  # that piece twice, nothing else
+    assert out["peer_failures"] == []  # a bad piece is not a failed peer
+
+
+class BreakingPeer(FrozenPeer):
+    """A server that answers its first range request with the right head and the first `cut` bytes of the body
+    (from the seed's file), then closes, and every later one with a 503: a relay whose copy stopped at an odd
+    byte."""
+
+    def __init__(self, root, cut):
+        self.root, self.cut = root, cut
+        self.served = 0
+        super(BreakingPeer, self).__init__()
+
+    def answer(self, conn):
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(4096)
+        if self.served:
+            conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 12\r\n\r\nnot running\n")
+            conn.close()
+            return
+        lines = head.decode().split("\r\n")
+        rel = lines[0].split()[1][len("/files/"):]
+        first, last = [int(x) for x in [h for h in lines if h.startswith("Range:")][0].split("=")[1].split("-")]
+        with open(os.path.join(self.root, rel), "rb") as f:
+            f.seek(first)
+            body = f.read(min(self.cut, last + 1 - first))
+        conn.sendall(("HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\n\r\n" % (last + 1 - first)).encode()
+                     + body)
+        self.served += len(body)
+        conn.close()
+
+
+def test_a_peer_that_stops_at_an_odd_byte_is_left_there_and_the_next_realigns(seed, server, tmp_path, monkeypatch):
+    root, m = seed
+    rel = "model-00002-of-00003.safetensors"
+    one = {"files": {rel: m["files"][rel]}, "piece_size": m["piece_size"], "version": m["version"]}
+    breaking = BreakingPeer(root, PIECE + 12345)
+    seen = written_by_path(monkeypatch)
+    try:
+        out = transfer.sync([breaking.url, server.url], TOKEN, str(tmp_path / "dest"), manifest=one)
+    finally:
+        breaking.close()
+        monkeypatch.undo()
+    assert same_tree(root, str(tmp_path / "dest"), one)
+    assert out["bytes_fetched"] == m["files"][rel]["size"] and breaking.served == PIECE + 12345
+    # the next peer goes on from the odd byte: up to the next aligned one through the cache, then direct again
+    odd = [(o, n) for d, o, n in seen if not d]
+    assert odd[:2] == [(PIECE, 12345), (PIECE + 12345, transfer.DIRECT_ALIGN - 12345 % transfer.DIRECT_ALIGN)]
+    assert all(d for d, o, n in seen if o >= PIECE + 16384 and o + n < m["files"][rel]["size"] - 4096)
+
+
+def test_the_next_read_stops_at_the_piece_end_and_realigns_from_an_odd_byte(tmp_path):
+    entry = {"size": 3 * PIECE + 10, "pieces": ["x"] * 4}
+    part = transfer.PartFile(str(tmp_path / "f"), entry, PIECE)
+    try:
+        run = transfer.Run(part, "f", entry, 1, transfer.Progress(None, None, 1, entry["size"]))
+        assert (run.index, run.pos) == (1, PIECE) and run.room(65536) == 65536
+        assert run.room(transfer.CHUNK) == min(transfer.CHUNK, PIECE)
+        run.pos = 2 * PIECE - 8192
+        assert run.room(transfer.CHUNK) == 8192  # not past the piece's end
+        run.pos = PIECE + 100
+        assert run.room(transfer.CHUNK) == transfer.DIRECT_ALIGN - 100
+        run._begin(3, attempt=1)
+        assert run.room(transfer.CHUNK) == 10  # the file's tail
+        entry["size"] = run.size = 3 * PIECE + 3 * transfer.DIRECT_ALIGN + 10
+        part.size = entry["size"]
+        run._begin(3, attempt=1)
+        assert run.room(transfer.CHUNK) == 3 * transfer.DIRECT_ALIGN  # whole blocks, then the odd 10 bytes
+    finally:
+        part.abandon(remove=True)
+
+
+def test_an_empty_file_is_checked_without_a_request(server, tmp_path):
+    empty = {"size": 0, "sha256": manifest.hashlib.sha256(b"").hexdigest(), "pieces": [manifest.piece_digest(b"")]}
+    m = {"version": 2, "piece_size": PIECE, "files": {"empty.bin": empty}}
+    out = transfer.sync(["http://127.0.0.1:9"], TOKEN, str(tmp_path / "dest"), manifest=m)
+    assert out["files_fetched"] == 1 and os.path.getsize(str(tmp_path / "dest" / "empty.bin")) == 0
+
+
+def test_a_body_read_fills_the_buffer_with_what_came_with_the_head_and_the_rest(tmp_path):
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+    body = os.urandom(3 * 65536)
+
+    def answer():
+        conn, _a = lsock.accept()
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:1000])
+        time.sleep(0.2)  # the rest comes later, as from a relay
+        conn.sendall(body[1000:])
+        conn.close()
+
+    t = threading.Thread(target=answer)
+    t.start()
+    c = transfer.Connection("127.0.0.1", lsock.getsockname()[1])
+    c.request("/files/x", TOKEN, (0, len(body) - 1))
+    buf = transfer.aligned_buffer(65536)
+    assert c.readinto(buf) == 65536 and bytes(buf) == body[:65536]  # one whole, aligned chunk
+    t.join(5)
+    c.close()
+    lsock.close()
+
+
+def test_a_file_system_without_o_direct_is_written_through_the_cache(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def no_direct(path, flags, *a):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    assert transfer.open_direct(str(tmp_path / "x")) is None
+    monkeypatch.undo()
+    part = transfer.PartFile(str(tmp_path / "y"), {"size": 8192, "pieces": ["x"]}, PIECE)
+    assert part.dfd is not None
+    data = os.urandom(8192)  # a bytes object: not aligned in memory, O_DIRECT refuses it
+    part.write(data, 0)
+    part.write(memoryview(data)[:4096], 4096)
+    part.abandon(remove=False)
+    assert open(str(tmp_path / "y.part"), "rb").read() == data[:4096] + data[:4096]
+
+
+def test_send_range_sends_the_range_and_gives_up_on_a_peer_that_stops_reading(tmp_path):
+    path = str(tmp_path / "blob")
+    data = os.urandom(1 << 20)
+    open(path, "wb").write(data)
+    a, b = socket.socketpair()
+    a.settimeout(5)
+    with open(path, "rb") as f:
+        assert weight_server.send_range(a, f, 1000, 5000, 5) == 5000
+    got = b""
+    while len(got) < 5000:
+        got += b.recv(5000 - len(got))
+    assert got == data[1000:6000] and a.gettimeout() == 5  # the handler's timeout is back
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    t0 = time.time()
+    with open(path, "rb") as f:
+        sent = weight_server.send_range(a, f, 0, 1 << 20, 1)  # b reads nothing
+    assert sent < 1 << 20 and time.time() - t0 < 3
+    a.close()
+    b.close()
+
+
+def test_a_node_goes_back_to_the_node_before_it_once_that_one_has_the_file(seed, server, tmp_path, monkeypatch):
+    """The chain: a receiver asks the node before it first; when that node's .part is not there yet it takes a
+    piece from the next peer (the seed) and then goes back, so the seed does not feed every node."""
+    root, m = seed
+    relay_dir = str(tmp_path / "relay")
+    shutil.copytree(root, relay_dir)
+    relay = Running(relay_dir)
+    asked = set()
+    real_locate = relay.srv.locate
+
+    def late(rel, entry):  # every file "not here yet" at the first request
+        if rel not in asked:
+            asked.add(rel)
+            return None, "not here yet"
+        return real_locate(rel, entry)
+
+    relay.srv.locate = late
+    by_peer = {}
+    real_arrived = transfer.Run.arrived
+
+    def arrived(self, data, peer):
+        by_peer[peer.url] = by_peer.get(peer.url, 0) + len(data)
+        return real_arrived(self, data, peer)
+
+    monkeypatch.setattr(transfer.Run, "arrived", arrived)
+    try:
+        transfer.sync([relay.url, server.url], TOKEN, str(tmp_path / "dest"), manifest=m, parallel=1)
+    finally:
+        relay.stop()
+    assert same_tree(root, str(tmp_path / "dest"), m)
+    first_pieces = sum(min(e["size"], PIECE) for e in m["files"].values())
+    assert by_peer[server.url] == first_pieces  # one piece per file from the seed, then the relay again
+    assert by_peer[relay.url] == manifest.total_bytes(m) - first_pieces
+
+
+def test_a_part_renamed_into_place_while_asked_for_is_served_under_its_final_name(seed, server):
+    """The relay's copy finished the file between the server finding its .part and opening it."""
+    root, m = seed
+    rel = "config.json"
+    real_locate = server.srv.locate
+    raced = []
+
+    def stale(r, entry):
+        if not raced:
+            raced.append(r)
+            return os.path.join(server.srv.root, r) + ".part", False  # gone by the time it is opened
+        return real_locate(r, entry)
+
+    server.srv.locate = stale
+    code, body = raw_get(server.url, "/files/" + rel)
+    assert raced and code == 200 and body == open(os.path.join(root, rel), "rb").read()
+
+
+def test_a_relay_waits_a_moment_for_a_file_its_running_copy_is_about_to_start(seed, tmp_path):
+    root, m = seed
+    rel = "model-00001-of-00003.safetensors"
+    relay_dir = str(tmp_path / "relay")
+    os.makedirs(os.path.join(relay_dir, ".npuops"))
+    manifest.save_json(weight_server.manifest_path(relay_dir), m)
+    manifest.save_json(weight_server.sync_progress_path(relay_dir), {"state": "running", "updated": time.time()})
+    relay = Running(relay_dir)
+    data = open(os.path.join(root, rel), "rb").read()
+
+    def start_the_file():  # what the relay's copy does 0.5 s later: the file's .part, then its bytes
+        time.sleep(0.5)
+        with open(os.path.join(relay_dir, rel + ".part"), "wb") as f:
+            f.write(data)
+        with open(os.path.join(relay_dir, rel + weight_server.PROGRESS_SUFFIX), "wb") as f:
+            f.write(weight_server.encode_progress(len(m["files"][rel]["pieces"]), len(data)))
+
+    t = threading.Thread(target=start_the_file)
+    t.start()
+    try:
+        t0 = time.time()
+        code, body = raw_get(relay.url, "/files/" + rel)
+        assert code == 200 and body == data and 0.4 < time.time() - t0 < weight_server.START_WAIT
+        t.join(5)
+        # a file the running copy does not start within START_WAIT: 503 then, and at once when no copy runs
+        other = "model-00002-of-00003.safetensors"
+        t0 = time.time()
+        assert raw_get(relay.url, "/files/" + other)[0] == 503
+        assert weight_server.START_WAIT <= time.time() - t0 < weight_server.START_WAIT + 2
+        manifest.save_json(weight_server.sync_progress_path(relay_dir), {"state": "failed", "updated": time.time()})
+        relay.srv._live = (0.0, False)
+        t0 = time.time()
+        assert raw_get(relay.url, "/files/" + other)[0] == 503 and time.time() - t0 < 1
+    finally:
+        relay.stop()
