@@ -213,7 +213,6 @@ def accuracy_verdict(results, plan, overrides=None, suites=None):
     return {"ok": not failures, "instances": out, "failures": failures, "lines": lines, "judged": judged_names}
 
 
-
 class FilterModule(object):
     def filters(self):
         return {"accuracy_dataset": accuracy_dataset, "accuracy_verdict": accuracy_verdict,

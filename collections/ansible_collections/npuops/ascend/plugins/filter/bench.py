@@ -101,6 +101,10 @@ def bench_points(matrix, name="matrix", max_model_len=None):
     return points
 
 
+def _flag_shown(value):
+    return "absent" if value is None else ("set" if value is True else value)
+
+
 def flag_differences(ran, planned):
     """The flags on which two vllm serve argvs differ: ["--max-num-seqs 32 (the plan: 16)", ...], in argv order."""
     head_ran, ran_flags = container.argv_flags(ran)
@@ -109,8 +113,7 @@ def flag_differences(ran, planned):
     for flag in list(ran_flags) + [f for f in plan_flags if f not in ran_flags]:
         a, b = ran_flags.get(flag), plan_flags.get(flag)
         if a != b:
-            shown = lambda v: "absent" if v is None else ("set" if v is True else v)  # noqa: E731
-            out.append("%s %s (the plan: %s)" % (flag, shown(a), shown(b)))
+            out.append("%s %s (the plan: %s)" % (flag, _flag_shown(a), _flag_shown(b)))
     return out
 
 

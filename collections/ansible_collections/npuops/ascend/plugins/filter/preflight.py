@@ -304,10 +304,10 @@ def line_rows(hosts_results, plan, containers, held):
                                 "nothing to do: the engine's environment clears it (deviation no_jemalloc_preload)",
                                 severity="service"))
             for where in stuck + [p for p in cleared if (engine.get("env") or {}).get("LD_PRELOAD") != ""]:
-                rows.append(row(host, "jemalloc", where, "no jemalloc preload on vLLM-Ascend %s" % info["line"],
-                    "vLLM-Ascend %s on Atlas 800 A3 does not support a jemalloc preload (vllm-ascend #17155): remove it "
-                    "from %s (a preload file the container engine mounts, or the image's own), or use an image built "
-                    "without it (#17146)" % (info["line"], host)))
+                fix = ("vLLM-Ascend %s on Atlas 800 A3 does not support a jemalloc preload (vllm-ascend #17155): "
+                       "remove it from %s (a preload file the container engine mounts, or the image's own), or use an "
+                       "image built without it (#17146)" % (info["line"], host))
+                rows.append(row(host, "jemalloc", where, "no jemalloc preload on vLLM-Ascend %s" % info["line"], fix))
     return rows, fallback
 
 

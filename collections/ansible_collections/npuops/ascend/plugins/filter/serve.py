@@ -517,8 +517,8 @@ def restore_source(running, record, gates):
     good = verdict.last_good(record)
     if state == verdict.PASSED or not good:
         why = {verdict.PASSED: "passed its gates", verdict.UNMEASURED: "no gate judged",
-               verdict.UNKNOWN: "could not be judged"}.get(state, "failed its gates too: no configuration that passed "
-                                                                 "is recorded")
+               verdict.UNKNOWN: "could not be judged"}.get(
+                   state, "failed its gates too: no configuration that passed is recorded")
         return {"config": running.get("config"), "engines": running.get("engines") or {},
                 "why": "the configuration it ran before, which %s" % why}
     return good

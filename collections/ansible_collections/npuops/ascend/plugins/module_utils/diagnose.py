@@ -628,8 +628,8 @@ def analyze(lines, signatures, facts=None, limit=20):
                 entry["by_host"][line["host"]] = (s, line)  # each host's best line, as the entry keeps the best of all
         if _order(line) < _order(entry["first"]):
             entry["first"] = line
-        if s["weight"] > entry["sig"]["weight"] or (s["weight"] == entry["sig"]["weight"] and
-                                                   _evidence_key(line) < _evidence_key(entry["line"])):
+        heavier = s["weight"] > entry["sig"]["weight"]
+        if heavier or (s["weight"] == entry["sig"]["weight"] and _evidence_key(line) < _evidence_key(entry["line"])):
             entry.update(sig=s, line=line)
     findings = [_finding(c, e["sig"], e["line"], e["first"], e["hosts"], facts, e["by_host"])
                 for c, e in by_cause.items()]

@@ -110,8 +110,8 @@ def last_good(doc):
     if not good.get("engines"):
         return None
     return {"config": good.get("config"), "engines": good["engines"],
-            "why": "the last configuration that passed its gates (%s, at %s)" % (good.get("config"),
-                                                                                good.get("at") or "?")}
+            "why": "the last configuration that passed its gates (%s, at %s)" % (
+                good.get("config"), good.get("at") or "?")}
 
 
 def path_of(directory, instance):

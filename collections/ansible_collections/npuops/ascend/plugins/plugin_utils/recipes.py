@@ -339,8 +339,8 @@ def apply_deviations(recipe, role, entry, values, spec, env, rows=None, late=Fal
     ``late`` true, the others with it false."""
     applied = []
     for row in rows if rows is not None else deviations():
-        if "container" in row or bool(row.get("after_overrides")) != late or not applies(row, recipe, role, entry,
-                                                                                          values):
+        if "container" in row or bool(row.get("after_overrides")) != late or \
+                not applies(row, recipe, role, entry, values):
             continue
         target, key = (spec, row["flag"]) if "flag" in row else (env, row["env"])
         if row.get("if_absent") and key in target:

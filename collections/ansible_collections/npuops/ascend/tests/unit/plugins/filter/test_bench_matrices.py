@@ -123,6 +123,6 @@ def test_the_report_names_the_flags_the_engines_ran_and_how_they_differ_from_the
     meta = bench.bench_run_metadata(plan, containers, model, tier, [], "", hv, "read")
     assert meta["run"]["flags"] == " ".join(planned)
     assert meta["run"]["flags_from"] == "the plan: the engine on node01 could not be read (podman: timed out)"
-    assert bench.flag_differences(["vllm", "serve", "/m", "--a", "1", "--eager"], ["vllm", "serve", "/m", "--a", "2",
-                                                                                  "--b", "3"]) == [
+    ran, planned = ["vllm", "serve", "/m", "--a", "1", "--eager"], ["vllm", "serve", "/m", "--a", "2", "--b", "3"]
+    assert bench.flag_differences(ran, planned) == [
         "--a 1 (the plan: 2)", "--eager set (the plan: absent)", "--b absent (the plan: 3)"]

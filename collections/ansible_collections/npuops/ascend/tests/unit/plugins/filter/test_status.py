@@ -184,9 +184,8 @@ def test_an_instance_that_answers_while_its_configuration_failed_its_gate_is_wro
     plan, hv, containers = setup(instances=2)
     configs = recorded(plan, hv, {"a": "failed", "b": "passed"})
     assert configs["a"]["config"] != configs["b"]["config"] and configs["a"]["config"].startswith("cfg-")
-    assert configs["a"]["engines"]["node02"] == {"vllm": {"exists": True, "spec": {"command": ["vllm", "serve",
-                                                                                                 "node02"],
-                                                                                     "image": "i"}}}
+    assert configs["a"]["engines"]["node02"] == {
+        "vllm": {"exists": True, "spec": {"command": ["vllm", "serve", "node02"], "image": "i"}}}
     gates = status.gate_states(configs, hv, "v", ["answers"], plan)
     assert gates["a"]["state"] == "failed" and gates["b"]["state"] == "passed"
     got = status.service_status(plan, hv, containers, "c", {"a": probe(), "b": probe()}, gates=gates)
@@ -242,8 +241,9 @@ def test_one_decision_puts_an_instance_into_rotation_on_every_path():
 def test_what_a_measurement_proves_puts_back_or_keeps_out_with_the_gates_words():
     decided = status.rotation_decisions({"a": "out", "b": "out", "c": "out"},
                                         {n: {"state": "not measured", "detail": "never"} for n in "abc"}, measure=True)
-    got = status.rotation_measured(decided, {"instances": {"a": {"ok": True, "summary": "golden 100.0"},
-                                                          "b": {"ok": False, "summary": "golden score 0.00 is outside"}}})
+    measured = {"instances": {"a": {"ok": True, "summary": "golden 100.0"},
+                              "b": {"ok": False, "summary": "golden score 0.00 is outside"}}}
+    got = status.rotation_measured(decided, measured)
     assert got["back"] == ["a"] and got["measure"] == []
     assert got["kept_out"] == {"b": "measured now: golden score 0.00 is outside", "c": "measured now: not measured"}
     assert got["lines"][-3:] == ["a: measured now, back into rotation (golden 100.0)",

@@ -18,8 +18,8 @@ with open(diagnose.CODES) as _f:
 # how each family's codes appear in a log line, as the code that prints them writes it
 CANN = "[ERROR] 2026-12-05-01:02:03 (PID:7, Device:0, RankID:0) {code}: [PID: 7] 2026-12-05-01:02:03.123.456 failed"
 LINES = dict(
-    [("cann_" + x, CANN) for x in ("ee", "eh", "ei", "ej", "el", "ez", "ek", "ep", "e1", "e2", "e3", "e4", "e5", "e6",
-                                    "e7", "e8", "e9", "ea", "eb", "ef", "em", "eo")],
+    [("cann_" + x, CANN) for x in ("ee", "eh", "ei", "ej", "el", "ez", "ek", "ep", "e1", "e2", "e3", "e4", "e5",
+                                   "e6", "e7", "e8", "e9", "ea", "eb", "ef", "em", "eo")],
     torch_npu="[ERROR] 2026-12-05-01:02:03 (PID:7, Device:0, RankID:0) {code} PTA call acl api failed",
     acl="RuntimeError: NPU function error: aclrtSynchronizeStream(stream), error code is {code}",
     runtime="rtStreamSynchronize execute failed, reason=[{code}][FUNC:FuncErrorReason][FILE:error_message_manage.cc]",

@@ -125,10 +125,10 @@ def test_fabric_memory_needs_hdk_26_or_25_5_with_mooncake_0_3_11_and_cann_9():
         "HDK 25.5.1 < 26.0 with Mooncake 0.3.10 < 0.3.11"]
     assert versions.fabric_mem_shortfall("25.5.1", "9.1.0", None) == [
         "HDK 25.5.1 < 26.0 and the image's Mooncake version could not be read (>= 0.3.11 needed below HDK 26.0)"]
-    assert versions.fabric_mem_shortfall("24.1.rc3.7", "8.5.RC1", "0.3.11") == ["HDK 24.1.rc3.7 < 25.5",
-                                                                              "CANN 8.5.RC1 < 9.0.0"]
-    assert versions.fabric_mem_shortfall(None, None, "0.3.11") == ["its HDK (driver) version could not be read",
-                                                                  "the image's CANN version could not be read"]
+    assert versions.fabric_mem_shortfall("24.1.rc3.7", "8.5.RC1", "0.3.11") == [
+        "HDK 24.1.rc3.7 < 25.5", "CANN 8.5.RC1 < 9.0.0"]
+    assert versions.fabric_mem_shortfall(None, None, "0.3.11") == [
+        "its HDK (driver) version could not be read", "the image's CANN version could not be read"]
 
 
 def test_a_jemalloc_preload_is_found_in_the_environment_and_in_the_preload_file():
