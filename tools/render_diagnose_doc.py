@@ -232,6 +232,8 @@ def render():
         for s in by_cause.get(cause, []):
             kind = "%s, " % s["kind"] if s.get("kind", "cause") != "cause" else ""
             out.append("### `%s` - %s (%sweight %d)\n" % (s["id"], cause, kind, int(s.get("weight", 50))))
+            if s.get("raised_in"):  # read by the file of the traceback's last frame
+                out.append("Raised in: %s\n" % ", ".join("`%s`" % p for p in s["raised_in"]))
             out.append("Matches: %s%s\n" % (", ".join("`%s`" % p.replace("`", "'") for p in s["patterns"]),
                                             (" - unless: " + ", ".join("`%s`" % u for u in s["unless"]))
                                             if s.get("unless") else ""))
