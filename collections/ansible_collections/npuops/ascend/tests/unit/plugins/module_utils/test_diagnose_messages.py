@@ -128,6 +128,13 @@ MESSAGES = [
      "version_incompatible", "pip_resolution_failed"),
     ("transformers 4.52.4 requires tokenizers<0.22,>=0.21, but you have tokenizers 0.19.1 which is incompatible.",
      "version_incompatible", "pip_resolution_failed"),
+    # op-plugin's EXEC_NPU_CMD; SGLang's memory pool and TP balance checks
+    ("RuntimeError: call aclnnFusedInferAttentionScoreV2 failed, detail:EZ1001: [PID: 7] 2026-12-05-01:02:03 get "
+     "unsupported shape", "operator_error", "aclnn_call_failed"),
+    ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+     "mem_fraction_static=0.6", "kv_cache_oom", "sglang_memory_pool"),
+    ("RuntimeError: The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
+     "pre_model_load_memory=19.2, local_gpu_memory=30.5", "npu_oom_load", "sglang_memory_unbalanced"),
     # CUDA runtime and driver, NVIDIA Xid
     ("RuntimeError: The NVIDIA driver on your system is too old (found version 11040).", "driver_cann_mismatch",
      "gpu_driver_mismatch"),
@@ -158,7 +165,8 @@ THIRD = ("vllm_config_messages", "vllm_config_pydantic_header", "vllm_model_mess
          "host_name_unresolved", "no_free_port", "store_connection_refused", "connection_refused",
          "device_out_of_memory_other_runtimes", "host_memory_exhausted", "library_version_not_found",
          "import_from_package_failed", "module_not_installed", "shared_library_missing", "pip_resolution_failed",
-         "gpu_driver_mismatch", "gpu_device_fault", "gpu_illegal_memory_access")
+         "gpu_driver_mismatch", "gpu_device_fault", "gpu_illegal_memory_access", "aclnn_call_failed",
+         "sglang_memory_pool", "sglang_memory_unbalanced")
 FRAMES = ("raised_in_vllm_config", "raised_in_model_registry", "raised_in_kv_cache_sizing", "raised_in_kv_connector",
           "raised_in_kv_pool", "raised_in_parser_registry")
 
