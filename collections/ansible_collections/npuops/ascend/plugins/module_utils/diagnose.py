@@ -381,12 +381,12 @@ LEVEL = re.compile(r"(?:^|[\s(\[])(?:ERROR|CRITICAL|FATAL)(?:[\s:\]]|$)|\[E\]|\b
 EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Fault)\b(?::|\s*$)"
                        r"|^(?:torch\.)?(?:OutOfMemoryError|DistNetworkError|DistStoreError)\b")
 # a failure in words: a traceback, a process that died (SIGSEGV, SIGBUS, SIGKILL, abort), an exception, a library's
-# "CANN error" / "NPU error" (or "NCCLerror: ..." as a title writes it), a tool's "vllm serve: error: ...", a C++
-# caller's "Failed to ..." or "XxxYyy fail, ret: 0x9"
+# "CANN error" / "NPU error" (or "NCCLerror: ..." as a title writes it), a tool's "vllm serve: error: ...", pydantic's
+# "Value error, ..." under a ValidationError, a C++ caller's "Failed to ..." or "XxxYyy fail, ret: 0x9"
 FATAL = re.compile(r"Traceback \(most recent call last\)|exited with (?:exit )?code [1-9]|Segmentation fault|"
                    r"core dumped|\bKilled\b|\bAborted\b|\bBus error\b|(?i:Fatal Python error)|"
                    r"(?:^|[\s:])(?:[A-Z]\w*)?(?:Error|Exception): \S|\b(?:CANN|NPU|ACL|HCCL|CUDA|NCCL) error\b|"
-                   r"(?:^|[\s:(\[])(?:[A-Za-z_]\w*)?(?i:error): \S|"
+                   r"(?:^|[\s:(\[])(?:[A-Za-z_]\w*)?(?i:error): \S|^\s*Value error, \S|"
                    r"^(?:Failed|Unable) to \w|\bfail(?:ed)?, ret(?:code)?\s*[:=]")
 
 

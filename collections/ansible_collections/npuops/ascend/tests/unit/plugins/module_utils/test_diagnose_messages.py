@@ -135,6 +135,30 @@ MESSAGES = [
      "mem_fraction_static=0.6", "kv_cache_oom", "sglang_memory_pool"),
     ("RuntimeError: The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
      "pre_model_load_memory=19.2, local_gpu_memory=30.5", "npu_oom_load", "sglang_memory_unbalanced"),
+    # after the third batch's first score: torch's store listen failure, vLLM's registry logging the import that failed,
+    # vllm-ascend 0.7's quantizer, CANN's missing kernel binary, torch's MapAllocator, transformers' hub and GGUF,
+    # vLLM 0.7-0.12's tokenizer and parallel checks, an unknown flag next to a parser flag
+    ("RuntimeError: The server socket has failed to listen on any local network address. port: 29500, useIpv6: 0, "
+     "code: -9", "port_in_use", "store_listen_failed"),
+    ("ERROR 10-25 00:26:24 registry.py:272] ModuleNotFoundError: No module named 'transformers'\n"
+     "ValueError: Model architectures ['LlamaForCausalLM'] are not supported for now.", "version_incompatible",
+     "registry_import_failed"),
+    ("NotImplementedError: There is no available ascend quantizer.", "version_incompatible", "ascend_quantizer_missing"),
+    ("RuntimeError: call aclnnCast failed, detail:EZ9999: Inner Error!\n        Op Cast does not has any binary.",
+     "driver_cann_mismatch", "op_kernel_binary_missing"),
+    ("RuntimeError: unable to mmap 16933256392 bytes from file </root/model.safetensors>: Cannot allocate memory (12)",
+     "host_oom", "host_memory_exhausted"),
+    ("OSError: Incorrect path_or_model_id: '/data1/models/deepseek'. Please provide either the path to a local folder "
+     "or the repo_id of a model on the Hub.", "model_path", "model_not_found"),
+    ("RuntimeError: Failed to load the tokenizer. If the tokenizer is a custom tokenizer not yet available in the "
+     "HuggingFace transformers library, consider setting `trust_remote_code=True`", "parser_or_tokenizer",
+     "parser_unknown"),
+    ("ValueError: GGUF model with architecture deci is not supported yet.", "model_unsupported",
+     "vllm_model_messages"),
+    ("  Value error, Tensor parallel size (16) cannot be larger than the number of available GPUs (8)",
+     "visible_devices", "world_size_exceeds_devices"),
+    ("vllm: error: unrecognized arguments: --enable-reasoning --reasoning-parser deepseek_r1", "config_invalid",
+     "argparse_rejected"),
     # CUDA runtime and driver, NVIDIA Xid
     ("RuntimeError: The NVIDIA driver on your system is too old (found version 11040).", "driver_cann_mismatch",
      "gpu_driver_mismatch"),
@@ -166,9 +190,26 @@ THIRD = ("vllm_config_messages", "vllm_config_pydantic_header", "vllm_model_mess
          "device_out_of_memory_other_runtimes", "host_memory_exhausted", "library_version_not_found",
          "import_from_package_failed", "module_not_installed", "shared_library_missing", "pip_resolution_failed",
          "gpu_driver_mismatch", "gpu_device_fault", "gpu_illegal_memory_access", "aclnn_call_failed",
-         "sglang_memory_pool", "sglang_memory_unbalanced")
+         "sglang_memory_pool", "sglang_memory_unbalanced", "store_listen_failed", "registry_import_failed",
+         "ascend_quantizer_missing", "op_kernel_binary_missing")
 FRAMES = ("raised_in_vllm_config", "raised_in_model_registry", "raised_in_kv_cache_sizing", "raised_in_kv_connector",
           "raised_in_kv_pool", "raised_in_parser_registry")
+
+
+def test_vllm_without_a_platform_names_cann_or_the_devices_with_medium_confidence_only(knowledge):
+    """vLLM's "Failed to infer device type" says no platform was found: torch_npu did not load (CANN's environment) or
+    no device is in the container - the first at medium confidence, so a line that tells them apart outranks it."""
+    assert (top(knowledge, "RuntimeError: Failed to infer device type")["cause"],
+            top(knowledge, "RuntimeError: Failed to infer device type")["certainty"]) == ("driver_cann_mismatch",
+                                                                                        "medium")
+    f = top(knowledge, "RuntimeError: Failed to infer device type\nImportError: libhccl.so: cannot open shared object "
+                       "file: No such file or directory")
+    assert (f["cause"], f["signature"]) == ("driver_cann_mismatch", "cann_library_missing"), f
+
+
+def test_a_pydantic_value_error_line_is_an_error_line(knowledge):
+    assert diagnose.is_error("  Value error, a check no signature knows failed [type=value_error]")
+    assert top(knowledge, "  Value error, a check no signature knows failed [type=value_error]")["cause"] == "other"
 
 
 def test_an_ambiguous_nccl_system_error_names_shared_memory_at_low_confidence_only(knowledge):
