@@ -115,6 +115,13 @@ def answer(case, knowledge):
     return (top["cause"] if top else "none"), right
 
 
+def first_right(got, case):
+    """A recorded first answer ("cause", or "cause (low)" for a cause of low certainty) was right: the thread's cause,
+    or for a thread that settled on no cause of the vocabulary, `other` or a low certainty."""
+    cause = got.split()[0]
+    return cause == case["cause"] or (case["cause"] == "other" and (cause == "other" or got.endswith("(low)")))
+
+
 def pct(right, total):
     return "%d of %d (%.0f %%)" % (right, total, 100.0 * right / max(total, 1))
 
@@ -123,7 +130,9 @@ def pct(right, total):
 # score); the acceptance of issue 41 asks 80 % of that first score
 HELD_OUT = (("last", "first_score_last", "first held-out batch", "collected last, after the signatures were written"),
             ("second", "first_score_second", "second held-out batch",
-             "31 new threads, collected after the first batch was scored and the signatures changed for it"))
+             "31 new threads, collected after the first batch was scored and the signatures changed for it"),
+            ("third", "first_score_third", "third held-out batch",
+             "32 new threads, collected after the signatures were widened from the references"))
 TARGET = 0.8
 
 
@@ -169,7 +178,7 @@ def measurement(knowledge):
             label, pct(first["right"], first["of"]), first["commit"],
             "yes" if first["right"] >= TARGET * first["of"] else "no", pct(sum(today), len(today))))
         (met if first["right"] >= TARGET * first["of"] else not_met).append(label)
-        missed = [(name, got) for name, got in first["first_answers"].items() if got != by_file[name]["cause"]]
+        missed = [(name, got) for name, got in first["first_answers"].items() if not first_right(got, by_file[name])]
         if len(missed) != first["of"] - first["right"]:
             raise SystemExit("measurement.yml %s: %d first answers differ from their thread's cause, but the first "
                              "score says %d of %d" % (key, len(missed), first["right"], first["of"]))
@@ -232,6 +241,8 @@ def render():
         for s in by_cause.get(cause, []):
             kind = "%s, " % s["kind"] if s.get("kind", "cause") != "cause" else ""
             out.append("### `%s` - %s (%sweight %d)\n" % (s["id"], cause, kind, int(s.get("weight", 50))))
+            if s.get("raised_in"):  # read by the file of the traceback's last frame
+                out.append("Raised in: %s\n" % ", ".join("`%s`" % p for p in s["raised_in"]))
             out.append("Matches: %s%s\n" % (", ".join("`%s`" % p.replace("`", "'") for p in s["patterns"]),
                                             (" - unless: " + ", ".join("`%s`" % u for u in s["unless"]))
                                             if s.get("unless") else ""))

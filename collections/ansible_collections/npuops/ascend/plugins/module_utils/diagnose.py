@@ -122,10 +122,11 @@ def compile_signatures(items, where="signatures"):
         try:
             patterns = [re.compile(p, re.I) for p in s["patterns"]]
             unless = [re.compile(p, re.I) for p in s.get("unless") or []]
+            raised_in = [re.compile(p) for p in s.get("raised_in") or []]
         except re.error as e:
             raise DiagnoseError("%s: signature %s: %s" % (where, name, e))
-        out.append(dict(s, id=name, patterns=patterns, unless=unless, weight=int(s.get("weight", 50)),
-                        kind=s.get("kind", "cause")))
+        out.append(dict(s, id=name, patterns=patterns, unless=unless, raised_in=raised_in,
+                        weight=int(s.get("weight", 50)), kind=s.get("kind", "cause")))
     return out
 
 
@@ -284,11 +285,13 @@ def iso(seconds):
 
 
 def _prefilter(signatures):
-    """One expression any pattern of any signature or family matches: a line it misses is read no further."""
+    """One expression any pattern of any signature or family matches: a line it misses is read no further (the
+    signatures of a raising frame read the exception lines of tracebacks, whatever the prefilter says)."""
     cached = getattr(signatures, "_prefilter", None)
     if cached is not None:
         return cached
-    parts = ["(?:%s)" % re.sub(r"\(\?P<\w+>", "(?:", p.pattern) for s in signatures for p in s["patterns"]]
+    parts = ["(?:%s)" % re.sub(r"\(\?P<\w+>", "(?:", p.pattern) for s in signatures if not s.get("raised_in")
+             for p in s["patterns"]]
     rx = re.compile("|".join(parts), re.I) if parts else re.compile(r"(?!x)x")
     try:
         signatures._prefilter = rx
@@ -297,16 +300,58 @@ def _prefilter(signatures):
     return rx
 
 
+FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
+
+
+def raising_frames(lines):
+    """{id(line): the file of the frame that raised} for every exception line that ends a traceback's frames (the last
+    `File "..."` line before it of the same host, source and rank, only the frame's source lines and markers between),
+    whether or not the excerpt kept the `Traceback` line."""
+    out, last = {}, {}
+    for line in lines:
+        key = (line["host"], line["source"], line["rank"])
+        rest = body(line["text"])
+        m = FRAME.match(rest)
+        if m:
+            last[key] = m.group(1)
+            continue
+        if key not in last:
+            continue
+        stripped = rest.strip()
+        if not stripped or _indented(line["text"]) or stripped.startswith(("^", "~")):
+            continue  # the frame's source line, or its markers
+        if EXCEPTION.match(stripped):
+            out[id(line)] = last[key]
+        del last[key]
+    return out
+
+
+def _raised_by(s, line, frames):
+    """Does a signature of a raising frame (`raised_in`) match this line: an exception line a file it names raised,
+    of a type its patterns name?"""
+    path = frames.get(id(line))
+    return bool(path and any(r.search(path) for r in s["raised_in"]) and
+                any(p.search(body(line["text"]).strip()) for p in s["patterns"]) and
+                not any(u.search(line["text"]) for u in s["unless"]))
+
+
 def match(lines, signatures):
     """-> [(signature, line)] for every line a signature matches (its `unless` patterns not matching the line); a
-    code family gives the signature of the row each code on the line names."""
+    code family gives the signature of the row each code on the line names; a signature of a raising frame
+    (`raised_in`) matches the exception lines that a file it names raised."""
     hits = []
     pre = _prefilter(signatures)
+    by_frame = [s for s in signatures if s.get("raised_in")]
+    frames = raising_frames(lines) if by_frame else {}
     for line in lines:
         text = line["text"]
+        if id(line) in frames:
+            hits.extend((s, line) for s in by_frame if _raised_by(s, line, frames))
         if not pre.search(text):
             continue
         for s in signatures:
+            if s.get("raised_in"):
+                continue
             if s["kind"] == "family":
                 found = []
                 for p in s["patterns"]:
@@ -336,10 +381,12 @@ LEVEL = re.compile(r"(?:^|[\s(\[])(?:ERROR|CRITICAL|FATAL)(?:[\s:\]]|$)|\[E\]|\b
 EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Fault)\b(?::|\s*$)"
                        r"|^(?:torch\.)?(?:OutOfMemoryError|DistNetworkError|DistStoreError)\b")
 # a failure in words: a traceback, a process that died (SIGSEGV, SIGBUS, SIGKILL, abort), an exception, a library's
-# "CANN error" / "NPU error", a C++ caller's "Failed to ..." or "XxxYyy fail, ret: 0x9"
+# "CANN error" / "NPU error" (or "NCCLerror: ..." as a title writes it), a tool's "vllm serve: error: ...", pydantic's
+# "Value error, ..." under a ValidationError, a C++ caller's "Failed to ..." or "XxxYyy fail, ret: 0x9"
 FATAL = re.compile(r"Traceback \(most recent call last\)|exited with (?:exit )?code [1-9]|Segmentation fault|"
                    r"core dumped|\bKilled\b|\bAborted\b|\bBus error\b|(?i:Fatal Python error)|"
                    r"(?:^|[\s:])(?:[A-Z]\w*)?(?:Error|Exception): \S|\b(?:CANN|NPU|ACL|HCCL|CUDA|NCCL) error\b|"
+                   r"(?:^|[\s:(\[])(?:[A-Za-z_]\w*)?(?i:error): \S|^\s*Value error, \S|"
                    r"^(?:Failed|Unable) to \w|\bfail(?:ed)?, ret(?:code)?\s*[:=]")
 
 

@@ -25,8 +25,10 @@ LINES = dict(
     runtime="rtStreamSynchronize execute failed, reason=[{code}][FUNC:FuncErrorReason][FILE:error_message_manage.cc]",
     hccl="RuntimeError: HCCL function error: HcclAllreduce(inputs, outputs, count), error code is {code}",
     mooncake_store="E1205 01:02:03.123 client.cpp:1] Failed to put key, error: {code}",
+    dcmi="dcmi module initialize failed. ret is {code}",
 )
-NAMED = {"acl": "RuntimeError: NPU function error: {code}", "hccl": "HCCL returned {code}"}
+NAMED = {"acl": "RuntimeError: NPU function error: {code}", "hccl": "HCCL returned {code}",
+         "dcmi": "npu-smi: dcmi_get_card_num_list failed: {code}"}
 
 
 @pytest.fixture(scope="module")
@@ -97,4 +99,5 @@ def unknown_codes(family):
             "acl": ["%06d" % n for n in range(999999, 100000, -1)],
             "runtime": ["a reason no table holds"],
             "hccl": [str(n) for n in range(99, 0, -1)],
+            "dcmi": ["-8%03d" % n for n in range(999, 0, -1)],
             "mooncake_store": re.findall(r"[A-Z_]{4,}", [f for f in FAMILIES if f["id"] == family][0]["match"][0])}[family]
