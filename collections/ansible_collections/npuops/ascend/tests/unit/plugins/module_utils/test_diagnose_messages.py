@@ -199,9 +199,8 @@ FRAMES = ("raised_in_vllm_config", "raised_in_model_registry", "raised_in_kv_cac
 def test_vllm_without_a_platform_names_cann_or_the_devices_with_medium_confidence_only(knowledge):
     """vLLM's "Failed to infer device type" says no platform was found: torch_npu did not load (CANN's environment) or
     no device is in the container - the first at medium confidence, so a line that tells them apart outranks it."""
-    assert (top(knowledge, "RuntimeError: Failed to infer device type")["cause"],
-            top(knowledge, "RuntimeError: Failed to infer device type")["certainty"]) == ("driver_cann_mismatch",
-                                                                                        "medium")
+    found = top(knowledge, "RuntimeError: Failed to infer device type")
+    assert (found["cause"], found["certainty"]) == ("driver_cann_mismatch", "medium")
     f = top(knowledge, "RuntimeError: Failed to infer device type\nImportError: libhccl.so: cannot open shared object "
                        "file: No such file or directory")
     assert (f["cause"], f["signature"]) == ("driver_cann_mismatch", "cann_library_missing"), f
