@@ -5,6 +5,7 @@ choices than its row. Each failure names the variable, the file and the fix; aft
 inventory-vars` rewrites what it makes."""
 import importlib.util
 import json
+import re
 import os
 import subprocess
 import sys
@@ -258,3 +259,52 @@ def test_every_example_inventory_is_listed_in_the_readme_and_the_inventory_refer
     assert "a3-4p4d" in examples and "a3-4node-dspark" in examples and "sample" in examples
     assert [d for d in examples if d not in readme] == []
     assert [d for d in examples if "`inventories/%s`" % d not in doc] == []
+
+
+INLINE_DEFAULT = re.compile(r"\b(npuops_[a-z0-9_]+)\s*\|\s*default\(\s*([^()]*?)\s*\)")
+
+
+def inline_default_problems(rows, roots):
+    """`npuops_x | default(<literal>)` in a role, playbook or template whose literal is not the row's default: a role
+    that cannot see the role that owns the default (preflight checks the gateway's and Prometheus's ports and
+    packages) must default the same way, or it checks a cluster the rollout will not build."""
+    problems = []
+    for root in roots:
+        for dirpath, _dirs, files in os.walk(root):
+            for name in sorted(files):
+                if not name.endswith((".yml", ".yaml", ".j2")):
+                    continue
+                path = os.path.join(dirpath, name)
+                with open(path) as f:
+                    for number, line in enumerate(f, 1):
+                        for var, literal in INLINE_DEFAULT.findall(line):
+                            row = rows.get(var)
+                            if row is None or "default" not in row or not literal:
+                                continue
+                            try:  # default(value) or default(value, true)
+                                value = yaml.safe_load("[%s]" % literal)[0]
+                            except yaml.YAMLError:
+                                continue
+                            if isinstance(value, str) and literal[0] not in "'\"":
+                                continue  # another variable or an expression: not a stated default
+                            if value != row["default"]:
+                                problems.append("%s:%d: %s | default(%s), the table says %r" % (
+                                    os.path.relpath(path, REPO), number, var, literal, row["default"]))
+    return problems
+
+
+def test_no_task_defaults_a_variable_otherwise_than_the_table(rows):
+    roots = [os.path.join(REPO, "playbooks"), catalog.ROLES_DIR]
+    problems = inline_default_problems(rows, roots)
+    assert problems == [], "\n".join(problems + ["use the row's default (or drop the inline default where the "
+                                                 "role's defaults state it)"])
+
+
+def test_the_inline_default_check_finds_a_disagreeing_literal(tmp_path, rows):
+    (tmp_path / "main.yml").write_text("x: \"{{ npuops_gateway_install | default(false) | bool }}\"\n"
+                                       "y: \"{{ npuops_gateway_install | default(true) | bool }}\"\n"
+                                       "z: \"{{ npuops_monitor_prometheus_port | default(other_var) }}\"\n")
+    assert rows["npuops_gateway_install"]["default"] is True
+    assert inline_default_problems(rows, [str(tmp_path)]) == [
+        "%s:1: npuops_gateway_install | default(false), the table says True" % os.path.relpath(
+            str(tmp_path / "main.yml"), REPO)]

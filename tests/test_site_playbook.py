@@ -239,15 +239,19 @@ def test_garbled_answers_fail_the_accuracy_stage_naming_the_instance_while_statu
 
 
 def test_a_foreign_listener_on_a_tier_port_still_fails_preflight_naming_the_process(cluster, tmp_path):
+    """...and on the inventory's Prometheus port (npuops_monitor_prometheus_port, not 9090) of the monitor host."""
     run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/stop.yml"], timeout=300)
     sim("fault", "--node", "1", "--fault", "port_busy", "--port", "8000")
+    sim("fault", "--node", "1", "--fault", "port_busy", "--port", "9191")
     try:
-        pid = [h["pid"] for h in cluster.state["helpers"] if h["what"] == "port_busy"][0]
+        pids = dict((h["port"], h["pid"]) for h in cluster.state["helpers"] if h["what"] == "port_busy")
         proc = run([BIN + "/ansible-playbook", "-i", cluster.inventory, "playbooks/preflight.yml",
-                    "-e", "npuops_reports_dir=%s" % tmp_path], check=False, timeout=600)
+                    "-e", "npuops_reports_dir=%s" % tmp_path, "-e", "npuops_monitor_prometheus_port=9191"],
+                   check=False, timeout=600)
     finally:
         sim("fault", "--node", "1", "--fault", "clear")
     assert proc.returncode != 0
     report = json.loads((tmp_path / "preflight.json").read_text())
-    assert [(f["host"], f["check"]) for f in report["failures"]] == [("node01", "port_free")]
-    assert report["failures"][0]["observed"] == "port 8000 is in use by %d (python3)" % pid
+    assert sorted((f["host"], f["check"], f["observed"]) for f in report["failures"]) == [
+        ("node01", "port_free", "port 8000 is in use by %d (python3)" % pids[8000]),
+        ("node01", "port_free", "port 9191 is in use by %d (python3)" % pids[9191])]

@@ -81,7 +81,7 @@ def preflight_gather(hostvars, hosts):
                      "hccn_check": collect(hostvars, [h], "npuops_hccn_result")[h]}) for h in hosts)
 
 
-def support_checks(plan, host, gateway_install=False, prometheus_port=monitoring.PROMETHEUS_PORT):
+def support_checks(plan, host, gateway_install=True, prometheus_port=monitoring.PROMETHEUS_PORT):
     """host_check's arguments for what `host` does beside engines: a gateway host needs haproxy and keepalived
     (unless npuops may install them), its service and stats ports free or held by its own HAProxy, and the floating
     address; a Prometheus host its port free or held by its own Prometheus. None when the host has no such job."""
