@@ -308,3 +308,22 @@ def test_the_inline_default_check_finds_a_disagreeing_literal(tmp_path, rows):
     assert inline_default_problems(rows, [str(tmp_path)]) == [
         "%s:1: npuops_gateway_install | default(false), the table says True" % os.path.relpath(
             str(tmp_path / "main.yml"), REPO)]
+
+
+def test_an_argument_spec_states_the_literal_default_of_its_roles_defaults():
+    """ansible-doc and the role READMEs show the spec's default: an option whose role default is a plain value (not a
+    template computed at run time, nor a table of presets) must state it there too."""
+    problems = []
+    for role in catalog.roles():
+        defaults = {}
+        for path in catalog._yaml_files(os.path.join(catalog.ROLES_DIR, role, "defaults", "main")):
+            defaults.update(catalog._read(path) or {})
+        for path in catalog._yaml_files(os.path.join(catalog.ROLES_DIR, role, "meta", "argument_specs")):
+            for entry, spec in ((catalog._read(path) or {}).get("argument_specs") or {}).items():
+                for name, option in (spec.get("options") or {}).items():
+                    value = defaults.get(name)
+                    plain = not isinstance(value, dict) and "{{" not in json.dumps(value)
+                    if name in defaults and plain and "default" not in option:
+                        problems.append("role %s, entry point %s: %s has the role default %s, its spec none" % (
+                            role, entry, name, json.dumps(value)))
+    assert problems == [], "\n".join(problems)
