@@ -58,7 +58,10 @@ def empty(instance):
 
 def record(doc, instance, config, gate, verdict, detail="", at="", engines=None):
     """The record `doc` with `gate`'s `verdict` on `config`; a pass with `engines` ({host: {container: entry}})
-    keeps them as the last good configuration, a failure of that configuration forgets it. -> a new dict."""
+    keeps them as the last good configuration, a failure of that configuration forgets it. -> a new dict.
+
+    The same verdict with the same detail given again keeps the time it was first given (`at` says since when it
+    holds): a re-run on an unchanged cluster leaves the record as it was."""
     if gate not in GATES:
         raise VerdictError("gate %r is not one of %s" % (gate, ", ".join(GATES)))
     if verdict not in (PASSED, FAILED):
@@ -69,7 +72,9 @@ def record(doc, instance, config, gate, verdict, detail="", at="", engines=None)
     out.update((k, v) for k, v in (doc or {}).items() if k in out)
     configs = dict(out["configs"])
     configs[config] = dict(configs.get(config) or {})
-    configs[config][gate] = {"verdict": verdict, "at": at, "detail": detail}
+    prior = configs[config].get(gate) or {}
+    given = prior.get("at") if (prior.get("verdict"), prior.get("detail")) == (verdict, detail) else at
+    configs[config][gate] = {"verdict": verdict, "at": given, "detail": detail}
     order = [c for c in out["order"] if c != config] + [config]
     for old in order[:-KEEP]:
         configs.pop(old, None)
@@ -77,7 +82,8 @@ def record(doc, instance, config, gate, verdict, detail="", at="", engines=None)
     good = out.get("last_good") or None
     if verdict == PASSED and engines:
         if all((configs[config].get(g) or {}).get("verdict") != FAILED for g in GATES):
-            out["last_good"] = {"config": config, "engines": engines, "at": at}
+            same = good and good.get("config") == config and good.get("engines") == engines
+            out["last_good"] = {"config": config, "engines": engines, "at": good.get("at") if same else at}
     elif verdict == FAILED and good and good.get("config") == config:
         out["last_good"] = None
     return out

@@ -51,7 +51,9 @@ options:
     type: str
     default: ""
   at:
-    description: When it was measured (ISO 8601, UTC).
+    description:
+      - When it was measured (ISO 8601, UTC). The same verdict with the same detail already recorded for the
+        configuration keeps its first time (the record says since when it holds) and the task reports no change.
     type: str
     default: ""
   engines:

@@ -82,3 +82,22 @@ def test_records_are_written_whole_root_only_and_a_broken_one_is_not_forgotten_s
         json.dump(["a"], f)
     with pytest.raises(verdict.VerdictError, match="is not a verdict record"):
         verdict.load(path, "a")
+
+
+def test_the_same_verdict_measured_again_changes_nothing_and_keeps_the_time_it_was_first_given():
+    """A re-run of site.yml on an unchanged cluster measures again: the record stays byte for byte what it was (the
+    rerun changes nothing, molecule's idempotence), and says since when the verdict holds."""
+    engines = {"node01": {"vllm": {"exists": True, "spec": SPEC}}}
+    doc = verdict.record(None, "a", "cfg-1", "answers", verdict.PASSED, "golden 100.0", "t1", engines=engines)
+    again = verdict.record(json.loads(json.dumps(doc)), "a", "cfg-1", "answers", verdict.PASSED, "golden 100.0",
+                           "t2", engines=engines)
+    assert again == doc and verdict.gate_state(again, "cfg-1", ["answers"]) == (verdict.PASSED,
+                                                                                "answers passed at t1")
+    # another score, another verdict or other engines: a new measurement, with its time
+    changed = verdict.record(doc, "a", "cfg-1", "answers", verdict.PASSED, "golden 98.4", "t3", engines=engines)
+    assert changed["configs"]["cfg-1"]["answers"] == {"verdict": verdict.PASSED, "at": "t3", "detail": "golden 98.4"}
+    failed = verdict.record(doc, "a", "cfg-1", "answers", verdict.FAILED, "golden 100.0", "t4")
+    assert failed["configs"]["cfg-1"]["answers"]["at"] == "t4" and failed["last_good"] is None
+    other = {"node02": {"vllm": {"exists": True, "spec": SPEC}}}
+    moved = verdict.record(doc, "a", "cfg-1", "answers", verdict.PASSED, "golden 100.0", "t5", engines=other)
+    assert moved["last_good"] == {"config": "cfg-1", "engines": other, "at": "t5"}
