@@ -63,3 +63,22 @@ def test_every_filter_has_its_documentation():
         if (doc.get("DOCUMENTATION") or {}).get("name") != filter_name or "RETURN" not in doc:
             misnamed.append(filter_name)
     assert undocumented == [] and misnamed == []
+
+
+def test_every_sim_test_file_has_its_seconds_in_the_lane_order():
+    """A sim test file missing from conftest.FILE_SECONDS runs after every listed one: a long one started last keeps
+    its lane running while the others idle (test_answers_gate.py and test_pd_4p4d.py did, for minutes)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("npuops_root_conftest", os.path.join(REPO, "conftest.py"))
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    sim_files = []
+    for directory in ("tests", os.path.join("sim", "tests")):
+        for name in sorted(os.listdir(os.path.join(REPO, directory))):
+            if name.startswith("test_") and name.endswith(".py"):
+                with open(os.path.join(REPO, directory, name)) as f:
+                    if re.search(r"^pytestmark = pytest\.mark\.sim|^@pytest\.mark\.sim", f.read(), re.M):
+                        sim_files.append(name)
+    assert len(sim_files) > 10
+    assert sorted(set(sim_files) - set(conftest.FILE_SECONDS)) == []
+    assert sorted(set(conftest.FILE_SECONDS) - set(sim_files)) == []
