@@ -20,6 +20,8 @@ import signal
 import subprocess
 import time
 
+from ansible_collections.npuops.ascend.plugins.module_utils import proc
+
 
 def start_time(pid, proc_root="/proc"):
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), or None when there is no
@@ -83,20 +85,7 @@ def stop(record, grace=5.0):
     """End the recorded process (its session: what it started goes with it)."""
     if not alive(record):
         return False
-    pid = record["pid"]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except OSError:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                return True
-        deadline = time.time() + grace
-        while time.time() < deadline:
-            if not alive(record):
-                return True
-            time.sleep(0.1)
+    proc.end([record["pid"]], grace, alive=lambda _pid: alive(record), group=True)
     return True
 
 

@@ -15,6 +15,7 @@ __metaclass__ = type
 import os
 import signal
 import subprocess
+import time
 
 TIMED_OUT = -9
 
@@ -42,6 +43,51 @@ def run(argv, timeout, data=None, env=None):
         out, err = proc.communicate()
         return TIMED_OUT, _text(out), _text(err) + "\n(killed after %ss: it did not answer)" % timeout
     return proc.returncode, _text(out), _text(err)
+
+
+def running(pid):
+    """Whether `pid` is a live process (a zombie is not: it has ended, its parent has not reaped it yet)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (IOError, OSError, IndexError):
+        return False
+
+
+def end(pids, grace=5.0, alive=running, group=False):
+    """End processes, the one way npuops ends any: SIGTERM (and SIGCONT: a frozen process acts on it only once it
+    runs), then SIGKILL to those still `alive` after `grace` seconds, then up to 5 s for them to go. `group`: signal
+    each one's process group (a session leader's children go with it). -> the PIDs that were running."""
+    pids = [p for p in pids if p != os.getpid() and alive(p)]
+
+    def send(pid, sig):
+        if group:
+            try:
+                os.killpg(pid, sig)
+                return
+            except OSError:
+                pass
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+    for pid in pids:
+        send(pid, signal.SIGTERM)
+        send(pid, signal.SIGCONT)
+    for sig, wait in ((signal.SIGKILL, grace), (None, 5.0)):
+        deadline = time.time() + wait
+        while time.time() < deadline and any(alive(p) for p in pids):
+            time.sleep(0.05)
+        if sig is not None:
+            for pid in pids:
+                if alive(pid):
+                    send(pid, sig)
+    return pids
 
 
 def _text(data):

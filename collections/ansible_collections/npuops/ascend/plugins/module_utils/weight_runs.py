@@ -15,9 +15,9 @@ __metaclass__ = type
 
 import json
 import os
-import signal
 import time
 
+from ansible_collections.npuops.ascend.plugins.module_utils import proc
 from ansible_collections.npuops.ascend.plugins.module_utils.weight_server import SCRIPT_NAME
 
 JOB_PREFIX = "weight_sync-"
@@ -128,40 +128,9 @@ def select(found, run_id=None, except_run_id=None):
     return list(found)
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (IOError, OSError, IndexError):
-        return False
-
-
 def terminate(pids, grace=5.0):
     """SIGTERM, then SIGKILL after `grace` seconds; -> the PIDs that were still running."""
-    pids = [p for p in pids if p != os.getpid() and _alive(p)]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-            os.kill(pid, signal.SIGCONT)  # a frozen (SIGSTOP) process acts on the SIGTERM only once it runs
-        except OSError:
-            pass
-    deadline = time.time() + grace
-    while time.time() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.05)
-    for pid in pids:
-        if _alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-    deadline = time.time() + 5
-    while time.time() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.05)
-    return pids
+    return proc.end(pids, grace)
 
 
 def stop(run_dir, run_id=None, except_run_id=None, check_only=False):

@@ -107,13 +107,11 @@ import hashlib
 import inspect
 import json
 import os
-import signal
 import sys
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.npuops.ascend.plugins.module_utils import weight_server
+from ansible_collections.npuops.ascend.plugins.module_utils import proc, weight_server
 
 
 def files(run_dir, port):
@@ -137,21 +135,7 @@ def running(state_path, script):
 
 
 def stop(pid):
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except OSError:
-        return
-    deadline = time.time() + 5
-    while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
+    proc.end([pid])
 
 
 def main():
