@@ -1,9 +1,13 @@
 """The collection as Galaxy and an execution environment see it: its README names every module and role, and
 ansible-builder finds its controller-side Python and system dependencies (the collection stage of make test runs
 Galaxy's importer on the built tarball)."""
+import importlib
+import importlib.util
 import os
 import re
 import subprocess
+
+import yaml
 
 from npuops_sim.testing import BIN, REPO
 
@@ -34,23 +38,12 @@ def test_ansible_builder_finds_the_collections_python_and_system_dependencies():
 def test_every_filter_has_its_documentation():
     """Galaxy's importer runs ansible-doc over every filter a FilterModule exports and refuses the collection when
     one has no documentation (ansible-test sanity does not look at filters kept together in one file)."""
-    import importlib.util
-    import sys
-    import yaml
     filter_dir = os.path.join(COLLECTION, "plugins", "filter")
     exported = {}
-    sys.path.insert(0, os.path.join(REPO, "collections"))
-    try:
-        for name in sorted(os.listdir(filter_dir)):
-            if not name.endswith(".py") or name == "__init__.py":
-                continue
-            spec = importlib.util.spec_from_file_location("npuops_filter_" + name[:-3], os.path.join(filter_dir, name))
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            for filter_name in module.FilterModule().filters():
-                exported[filter_name] = name
-    finally:
-        sys.path.remove(os.path.join(REPO, "collections"))
+    for name in sorted(os.listdir(filter_dir)):
+        if name.endswith(".py") and name != "__init__.py":
+            module = importlib.import_module("ansible_collections.npuops.ascend.plugins.filter." + name[:-3])
+            exported.update((filter_name, name) for filter_name in module.FilterModule().filters())
     assert len(exported) > 50
     undocumented, misnamed = [], []
     for filter_name, source in sorted(exported.items()):
@@ -68,7 +61,6 @@ def test_every_filter_has_its_documentation():
 def test_every_sim_test_file_has_its_seconds_in_the_lane_order():
     """A sim test file missing from conftest.FILE_SECONDS runs after every listed one: a long one started last keeps
     its lane running while the others idle (test_answers_gate.py and test_pd_4p4d.py did, for minutes)."""
-    import importlib.util
     spec = importlib.util.spec_from_file_location("npuops_root_conftest", os.path.join(REPO, "conftest.py"))
     conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conftest)

@@ -128,19 +128,14 @@ def select(found, run_id=None, except_run_id=None):
     return list(found)
 
 
-def terminate(pids, grace=5.0):
-    """SIGTERM, then SIGKILL after `grace` seconds; -> the PIDs that were still running."""
-    return proc.end(pids, grace)
-
-
 def stop(run_dir, run_id=None, except_run_id=None, check_only=False):
     """End the copy jobs and servers of the selected runs (jobs first: they feed nothing). -> what was (or,
     with check_only, would be) stopped."""
     chosen = select(jobs(run_dir), run_id, except_run_id) + select(servers(), run_id, except_run_id)
     if check_only or not chosen:
         return chosen
-    terminate([p["pid"] for p in chosen if p["kind"] == "copy"])
-    terminate([p["pid"] for p in chosen if p["kind"] == "server"])
+    proc.end([p["pid"] for p in chosen if p["kind"] == "copy"])
+    proc.end([p["pid"] for p in chosen if p["kind"] == "server"])
     for p in chosen:
         if p.get("record"):
             forget_job(p["record"])

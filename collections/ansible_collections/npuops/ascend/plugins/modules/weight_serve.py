@@ -134,10 +134,6 @@ def running(state_path, script):
     return state
 
 
-def stop(pid):
-    proc.end([pid])
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -158,7 +154,7 @@ def main():
     current = running(paths["state"], paths["script"])
     if p["state"] == "stopped":
         if current and not module.check_mode:
-            stop(current["pid"])
+            proc.end([current["pid"]])
             os.unlink(paths["state"])
         module.exit_json(changed=current is not None, log=paths["log"])
 
@@ -174,7 +170,7 @@ def main():
     if module.check_mode:
         module.exit_json(changed=True, url=url, log=paths["log"])
     if current:
-        stop(current["pid"])
+        proc.end([current["pid"]])
     if not os.path.isdir(p["run_dir"]):
         os.makedirs(p["run_dir"], 0o700)
     with open(paths["script"], "w") as f:
