@@ -10,7 +10,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
-import re
 import socket
 import struct
 import time
@@ -18,6 +17,8 @@ import zlib
 
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
 from ansible.module_utils.urls import open_url
+
+from ansible_collections.npuops.ascend.plugins.module_utils.engine_progress import metric_totals
 
 
 class ApiError(Exception):
@@ -149,18 +150,6 @@ class Client(object):
             raise ApiError("%s%s streamed %s" % (self.base, path, EMPTY_BODY), 200, "")
         out["seconds"] = time.time() - t0
         return out
-
-
-def metric_totals(text, names):
-    """Sum of each Prometheus counter/gauge in `names` over all label sets (all DP engines)."""
-    totals = dict((n, 0.0) for n in names)
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        m = re.match(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)$", line.strip())
-        if m and m.group(1) in totals and m.group(3) != "NaN":
-            totals[m.group(1)] += float(m.group(3))
-    return totals
 
 
 def engines_totals(clients, names):

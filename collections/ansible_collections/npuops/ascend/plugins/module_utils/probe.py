@@ -13,6 +13,7 @@ import json
 import math
 import time
 
+from ansible_collections.npuops.ascend.plugins.module_utils.engine_progress import one_token_request, token_came
 from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import (
     ApiError, reasoning_of, sized_prompt, tiny_png)
 
@@ -22,7 +23,10 @@ WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "the city"}},
                    "required": ["city"]}}}
+# the smoke checks, run unless asked otherwise
 ALL = ("health", "models", "chat", "reasoning", "tool_call", "image", "long_prompt", "stream")
+# and what may be asked: also `token`, the one-token request status and the gateway agent send (`chat` answers more)
+CHOICES = ALL[:2] + ("token",) + ALL[2:]
 
 
 def row(name, ok, detail, latency):
@@ -108,6 +112,11 @@ def run_checks(client, model=None, checks=ALL, health_path="/health", long_promp
             state["model"] = ids[0]
         return state["model"] in ids, "serves %s%s" % (", ".join(ids), where)
 
+    def token():
+        resp, _s = client.post("/v1/completions", one_token_request(state["model"]))
+        came = token_came(resp)
+        return came, "a token" if came else "an answer without a token: %s" % str(resp)[:200]
+
     def chat_once():
         if state["chat"] is None:
             # with log-probabilities: "An HTTP 200 response alone is not a sufficient pass condition" (the vLLM-Ascend
@@ -179,7 +188,7 @@ def run_checks(client, model=None, checks=ALL, health_path="/health", long_promp
         return ok, "TTFT %.3fs, %d chunks, %s completion tokens in the usage chunk, finish %s" % (
             out["ttft"] or -1, out["chunks"], usage.get("completion_tokens", "no"), out["finish_reason"])
 
-    for name, fn in (("health", health), ("models", models), ("chat", chat), ("reasoning", reasoning),
+    for name, fn in (("health", health), ("models", models), ("token", token), ("chat", chat), ("reasoning", reasoning),
                      ("tool_call", tool_call), ("image", image), ("long_prompt", long_prompt), ("stream", stream)):
         check(name, fn)
     return rows, state["model"]

@@ -16,6 +16,8 @@ __metaclass__ = type
 import time
 
 from ansible_collections.npuops.ascend.plugins.module_utils import workers
+from ansible_collections.npuops.ascend.plugins.module_utils.engine_progress import (
+    GENERATED, PROGRESS_METRICS, RUNNING, STEPS, WAITING, one_token_request, token_came)
 from ansible_collections.npuops.ascend.plugins.module_utils.openai_client import ApiError, Client, engines_totals
 
 # seconds between the two readings of an instance's counters (at most the token probe's timeout)
@@ -28,10 +30,8 @@ def one_token(url, model, api_key=None, timeout=10.0):
     t0 = time.time()
     client = Client(url, api_key=api_key, timeout=timeout)
     try:
-        resp, _s = client.post("/v1/completions", {"model": model, "prompt": "ping", "max_tokens": 1,
-                                                   "temperature": 0})
-        choices = resp.get("choices") or []
-        ok = bool(choices) and (resp.get("usage") or {}).get("completion_tokens", 1) >= 1
+        resp, _s = client.post("/v1/completions", one_token_request(model))
+        ok = token_came(resp)
         detail = "a token in %.2fs" % (time.time() - t0) if ok else "an answer without a token: %s" % str(resp)[:200]
     except ApiError as e:
         ok, detail = False, _why(e, timeout, time.time() - t0)
@@ -51,12 +51,6 @@ def health(url, path, timeout=3.0):
     return {"ok": status == 200, "status": status, "seconds": round(took, 2), "detail": detail}
 
 
-# what says an engine makes progress: requests in flight, generated tokens, engine steps (vLLM's
-# vllm:iteration_tokens_total histogram counts one per step; a long prefill chunk moves it before a token comes)
-PROGRESS_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total",
-                    "vllm:iteration_tokens_total_count")
-
-
 def _metrics(urls, timeout):
     return engines_totals([Client(url, timeout=timeout) for url in urls], PROGRESS_METRICS)
 
@@ -72,9 +66,8 @@ def progress(urls, window, timeout=3.0):
     second = _metrics(urls, timeout)
     if second is None:
         return {"ok": False, "progressing": False, "detail": "no metrics"}
-    generated = second["vllm:generation_tokens_total"] - first["vllm:generation_tokens_total"]
-    steps = second["vllm:iteration_tokens_total_count"] - first["vllm:iteration_tokens_total_count"]
-    running, waiting = second["vllm:num_requests_running"], second["vllm:num_requests_waiting"]
+    generated, steps = second[GENERATED] - first[GENERATED], second[STEPS] - first[STEPS]
+    running, waiting = second[RUNNING], second[WAITING]
     return {"ok": True, "in_flight": int(running + waiting), "waiting": int(waiting), "generated": int(generated),
             "steps": int(steps), "progressing": generated > 0 or steps > 0,
             "detail": "%d requests in flight (%d waiting), %d tokens and %d engine steps in %ds" % (

@@ -15,9 +15,10 @@ version_added: 0.1.0
 description:
   - Runs smoke checks against a vLLM endpoint or the PD proxy in front of it, and returns one row per check
     (name, ok, detail, latency).
-  - V(health) (the health path answers 200), V(models) (the model is served), V(chat) (a chat completion gives
-    the right answer - 17*23 is 391 - which a deployment that answers garbage fails), V(reasoning) (the reasoning
-    comes back apart from the answer), V(tool_call) (C(get_weather) with C(tool_choice=auto) gives
+  - V(health) (the health path answers 200), V(models) (the model is served), V(token) (a one-token completion
+    gives a token: the request status and the gateway agent send; run only when asked), V(chat) (a chat completion
+    gives the right answer - 17*23 is 391 - which a deployment that answers garbage fails), V(reasoning) (the
+    reasoning comes back apart from the answer), V(tool_call) (C(get_weather) with C(tool_choice=auto) gives
     C(finish_reason=tool_calls) and parseable arguments), V(image) (an image plus text), V(long_prompt) (a long
     prompt of O(long_prompt_tokens)), V(stream) (streaming, with the time to first token measured).
   - Fails with the failed rows unless O(fail_on_error=false).
@@ -37,7 +38,7 @@ options:
     description: Which checks to run.
     type: list
     elements: str
-    choices: [health, models, chat, reasoning, tool_call, image, long_prompt, stream]
+    choices: [health, models, token, chat, reasoning, tool_call, image, long_prompt, stream]
     default: [health, models, chat, reasoning, tool_call, image, long_prompt, stream]
   models_url:
     description:
@@ -124,7 +125,7 @@ def main():
             model=dict(type="str"),
             health_path=dict(type="str", default="/health"),
             models_url=dict(type="str"),
-            checks=dict(type="list", elements="str", choices=list(probe.ALL), default=list(probe.ALL)),
+            checks=dict(type="list", elements="str", choices=list(probe.CHOICES), default=list(probe.ALL)),
             long_prompt_tokens=dict(type="int", default=8000, no_log=False),
             timeout=dict(type="int", default=60),
             budget=dict(type="int", default=0),

@@ -25,7 +25,6 @@ CONFIG: {"bind": "127.0.0.1", "stall_seconds": 5, "interval": 1, "probe_timeout"
 """
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -33,14 +32,16 @@ import threading
 import time
 import urllib.request
 
-# progress: generated tokens, and engine steps (vLLM's vllm:iteration_tokens_total histogram counts one per step:
-# a long prefill chunk moves it while no token comes out yet)
-METRIC = re.compile(r"^(vllm:num_requests_running|vllm:num_requests_waiting|vllm:generation_tokens_total|"
-                    r"vllm:iteration_tokens_total_count)(?:\{[^}]*\})?\s+([-+0-9.eE]+)$")
+# What says an engine serves is defined once, in the collection's module_utils/engine_progress.py: the gateway role
+# installs it beside this file; run from the collection's tree, it is found there.
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "..", "plugins", "module_utils")]
+import engine_progress  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def read_metrics(url, timeout):
-    """-> {running, waiting, generated} summed over the engine's DP ranks, or None without /metrics."""
+    """-> {running, waiting, generated: (tokens, steps)} summed over the engine's DP ranks, or None without
+    /metrics."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=timeout) as resp:
             if resp.status != 200:
@@ -48,27 +49,22 @@ def read_metrics(url, timeout):
             text = resp.read().decode("utf-8", "replace")
     except (OSError, ValueError):
         return None
-    out = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0, "vllm:generation_tokens_total": None,
-           "vllm:iteration_tokens_total_count": 0.0}
-    for line in text.splitlines():
-        m = METRIC.match(line.strip())
-        if m:
-            out[m.group(1)] = (out[m.group(1)] or 0.0) + float(m.group(2))
-    if out["vllm:generation_tokens_total"] is None:
+    reading = engine_progress.progress_reading(text)
+    if reading is None:
         return None
-    return {"running": out["vllm:num_requests_running"], "waiting": out["vllm:num_requests_waiting"],
-            "generated": (out["vllm:generation_tokens_total"], out["vllm:iteration_tokens_total_count"])}
+    return {"running": reading["running"], "waiting": reading["waiting"],
+            "generated": (reading["generated"], reading["steps"])}
 
 
 def one_token(url, model, api_key, timeout):
-    body = json.dumps({"model": model, "prompt": "1", "max_tokens": 1}).encode()
+    body = json.dumps(engine_progress.one_token_request(model)).encode()
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = "Bearer " + api_key
     req = urllib.request.Request(url + "/v1/completions", data=body, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status == 200
+            return resp.status == 200 and engine_progress.token_came(json.loads(resp.read().decode("utf-8")))
     except (OSError, ValueError):
         return False
 
