@@ -300,6 +300,29 @@ def test_no_task_defaults_a_variable_otherwise_than_the_table(rows):
                                                  "role's defaults state it)"])
 
 
+def test_the_plugins_restate_no_default_of_the_table(rows):
+    """Python reads a variable the table gives a default with `setting()` (plugin_utils/hostvars.py), which takes the
+    row's default: a literal beside `hostvar()` is a second statement that drifts (npuops_gateway_mode and
+    npuops_kv_pool were each defaulted in two filters and a role)."""
+    problems = ["%s: %s defaults to %s where it is read; the table states %r: read it with setting()" % (
+        where, name, default, rows[name]["default"]) for where, name, default in tool.inline_defaults()
+        if ".py:" in where and "default" in rows.get(name, {})]
+    assert problems == []
+
+
+def test_setting_takes_the_tables_default_and_the_inventorys_value(rows):
+    from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import setting
+    hostvars = {"node01": {"npuops_gateway_mode": "active_active", "npuops_kv_pool": None}}
+    assert setting(hostvars, "node01", "npuops_gateway_mode") == "active_active"
+    assert setting(hostvars, "node01", "npuops_kv_pool") == "none"  # null in the inventory: the default
+    assert setting(hostvars, "node02", "npuops_gateway_port") == 8000  # an unknown host: the default
+    overrides = setting(hostvars, "node01", "npuops_model_overrides")
+    overrides["max_model_len"] = 1  # a caller's change does not reach the next caller's default
+    assert setting(hostvars, "node01", "npuops_model_overrides") == {}
+    with pytest.raises(KeyError):
+        setting(hostvars, "node01", "npuops_model_dir")  # no default in the table: the caller must say what then
+
+
 def test_the_inline_default_check_finds_a_disagreeing_literal(tmp_path, rows):
     (tmp_path / "main.yml").write_text("x: \"{{ npuops_gateway_install | default(false) | bool }}\"\n"
                                        "y: \"{{ npuops_gateway_install | default(true) | bool }}\"\n"

@@ -21,7 +21,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.npuops.ascend.plugins.filter import topology
 from ansible_collections.npuops.ascend.plugins.module_utils import container, vllm_cli
 from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, recipes, speculative, values, versions
-from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
+from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar, setting
 
 ENGINES = container.ENGINES
 INSTANCE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
@@ -126,7 +126,7 @@ def _instance_problems(tier, name, members, groups, hostvars):
             problems.append("%s = %s%s is inside AscendDirect's random port range on A3 nodes; use %d or higher "
                             "(intermittent 'Address already in use' otherwise)"
                             % (var, value, where, topology.MIN_KV_PORT_A3))
-    pool = hostvar(hostvars, first, "npuops_kv_pool", "none")
+    pool = setting(hostvars, first, "npuops_kv_pool")
     if pool not in topology.KV_POOLS:
         problems.append("npuops_kv_pool = %r%s must be one of %s" % (pool, where, ", ".join(topology.KV_POOLS)))
     elif pool != "none" and not tier.get("kv_pool"):
@@ -151,11 +151,11 @@ def _instance_problems(tier, name, members, groups, hostvars):
 def draft_of(hostvars, host, drafts):
     """The draft one instance runs (its first host's npuops_draft, npuops_draft_overrides and npuops_draft_dir), or
     None. speculative.DraftError names an unknown preset or field."""
-    name = hostvar(hostvars, host, "npuops_draft") or ""
+    name = setting(hostvars, host, "npuops_draft")
     if not name:
         return None
-    return speculative.draft_spec(drafts, name, hostvar(hostvars, host, "npuops_draft_overrides", {}) or {},
-                                  hostvar(hostvars, host, "npuops_draft_dir") or "")
+    return speculative.draft_spec(drafts, name, setting(hostvars, host, "npuops_draft_overrides"),
+                                  setting(hostvars, host, "npuops_draft_dir"))
 
 
 def _draft_problems(hostvars, first, where, drafts, target, itier):
@@ -199,15 +199,15 @@ def _model_problems(tier, name, members, hostvars, presets, drafts=None):
                         "npuops_model_presets)" % (model, where, ", ".join(sorted(presets))))
     else:
         problems.extend(p + where for p in override_problems(
-            presets[model], hostvar(hostvars, first, "npuops_model_overrides", {})))
+            presets[model], setting(hostvars, first, "npuops_model_overrides")))
     itier = target = None
     if tier is not None and model in presets:
         try:
-            recipe = recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None, tier["name"], model,
+            recipe = recipes.choose(setting(hostvars, first, "npuops_recipe") or None, tier["name"], model,
                                     image_line(hostvars, first))
             itier = recipes.tier_with_recipe(tier, recipe)
             if not problems:
-                target = model_spec(presets, model, hostvar(hostvars, first, "npuops_model_overrides", {}), recipe)
+                target = model_spec(presets, model, setting(hostvars, first, "npuops_model_overrides"), recipe)
         except recipes.RecipeError as e:
             problems.append("npuops_recipe%s: %s" % (where, e))
     problems.extend(_draft_problems(hostvars, first, where, drafts, target, itier))
@@ -215,7 +215,7 @@ def _model_problems(tier, name, members, hostvars, presets, drafts=None):
     if not isinstance(model_dir, str) or not model_dir.startswith("/"):
         problems.append("npuops_model_dir = %r%s must be an absolute path on the nodes, e.g. "
                         "/data/models/Kimi-K3-W4A8" % (model_dir, where))
-    tokenizer_dir = hostvar(hostvars, first, "npuops_tokenizer_dir") or ""
+    tokenizer_dir = setting(hostvars, first, "npuops_tokenizer_dir")
     if not isinstance(tokenizer_dir, str) or (tokenizer_dir and not tokenizer_dir.startswith("/")):
         problems.append("npuops_tokenizer_dir = %r%s must be an absolute path on the nodes (e.g. "
                         "/data/models/Kimi-K3-tokenizer) or empty for the model directory" % (tokenizer_dir, where))
@@ -230,7 +230,7 @@ def validate(groups, hostvars, presets, tiers=None, drafts=None):
     if not nodes:
         return ["the inventory has no hosts in group npu_nodes; put every NPU server in npu_nodes"]
     first = nodes[0]
-    monitor = list(groups.get(hostvar(hostvars, first, "npuops_monitor_group", topology.MONITOR_GROUP)) or [])
+    monitor = list(groups.get(setting(hostvars, first, "npuops_monitor_group")) or [])
     planned = sorted(set(nodes) | set(groups.get(topology.GATEWAY_GROUP, [])) | set(monitor))
     problems.extend(variable_problems(planned, hostvars, tiers))
     for h in monitor:
@@ -325,7 +325,7 @@ def validate(groups, hostvars, presets, tiers=None, drafts=None):
                                 % (h, fabric, seen_fabric[fabric]))
             else:
                 seen_fabric[fabric] = h
-        overrides = hostvar(hostvars, h, "npuops_vllm_overrides", {})
+        overrides = setting(hostvars, h, "npuops_vllm_overrides")
         if not isinstance(overrides, dict):
             problems.append("host %s: npuops_vllm_overrides = %r must be a mapping of vllm serve options" % (h, overrides))
         else:
@@ -415,11 +415,11 @@ def gateway_problems(groups, hostvars, nodes, instances):
     elif vip in node_ips:
         problems.append("npuops_gateway_vip %s is the address of host %s; it must be an address no host owns"
                         % (vip, node_ips[vip]))
-    p = values.number_problem(first, "npuops_gateway_port", hostvar(hostvars, first, "npuops_gateway_port",
-                                                                    topology.GATEWAY_PORT), 1, 65535)
+    p = values.number_problem(first, "npuops_gateway_port", setting(hostvars, first, "npuops_gateway_port"),
+                              1, 65535)
     if p:
         problems.append(p)
-    mode = hostvar(hostvars, first, "npuops_gateway_mode", "active_standby")
+    mode = setting(hostvars, first, "npuops_gateway_mode")
     if mode not in topology.GATEWAY_MODES:
         problems.append("npuops_gateway_mode = %r must be one of %s" % (mode, ", ".join(topology.GATEWAY_MODES)))
     if len(instances) < 2 and mode in ("active_standby", "canary", "tenant"):
@@ -586,11 +586,11 @@ def instance_specs(groups, hostvars, presets, drafts=None):
         if model not in presets:
             raise AnsibleFilterError("instance_specs: npuops_model = %r (instance %s) is not a model preset" % (model, name))
         try:
-            recipe = recipes.choose(hostvar(hostvars, first, "npuops_recipe") or None, tier_name, model,
+            recipe = recipes.choose(setting(hostvars, first, "npuops_recipe") or None, tier_name, model,
                                     image_line(hostvars, first))
         except recipes.RecipeError as e:
             raise AnsibleFilterError("instance_specs: instance %s: %s" % (name, e))
-        overrides = hostvar(hostvars, first, "npuops_model_overrides", {}) or {}
+        overrides = setting(hostvars, first, "npuops_model_overrides")
         spec = model_spec(presets, model, overrides, recipe)
         try:
             # the draft rides in the model spec: the capacity plan counts it, the engines' command renders it
@@ -600,7 +600,7 @@ def instance_specs(groups, hostvars, presets, drafts=None):
         out[name] = {"draft": spec["draft"], "model": model, "model_spec": spec, "model_overrides": overrides,
                      "served_model_name": spec.get("served_model_name"),
                      "model_dir": hostvar(hostvars, first, "npuops_model_dir"),
-                     "tokenizer_dir": hostvar(hostvars, first, "npuops_tokenizer_dir") or "",
+                     "tokenizer_dir": setting(hostvars, first, "npuops_tokenizer_dir"),
                      "image": hostvar(hostvars, first, "npuops_image"),
                      "recipe": recipe, "tier": tier_document(tier_name, recipe, hostvars, first)}
     return out

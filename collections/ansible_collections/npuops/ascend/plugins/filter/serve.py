@@ -22,7 +22,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.npuops.ascend.plugins.filter.topology import DEFAULT_INSTANCE, instance_model
 from ansible_collections.npuops.ascend.plugins.module_utils import container, manifest, verdict, vllm_cli
 from ansible_collections.npuops.ascend.plugins.plugin_utils import board, recipes, speculative, values, versions
-from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
+from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar, setting
 
 # the Kimi-K3 page, section 5.1.2.1: "python -c \"from memcache_hybrid import MetaService; MetaService.main()\""
 KV_POOL_COMMAND = ["python", "-c", "from memcache_hybrid import MetaService; MetaService.main()"]
@@ -102,7 +102,7 @@ def plan_values(entry, ports, hostvars, host, model, options, dies, pd=None, poo
         "line": ((options.get("recipe") or {}).get("selection") or {}).get("line"),
         "draft_dir": (model.get("draft") or {}).get("dir"),
         "fabric_mem": entry["instance"] not in (options.get("fabric_mem_off") or [])
-        and values.to_bool(hostvar(hostvars, host, "npuops_fabric_mem", True)),
+        and values.to_bool(setting(hostvars, host, "npuops_fabric_mem")),
         **(pd or {})
     }
 
@@ -215,7 +215,7 @@ def serve_containers(plan, hostvars, tier, model, options):
         try:
             spec, env, recipe_spec, recipe_env, reasons = engine_command(
                 dict(entry, service_alias=alias), recipe, plan_vals, imodel, iopts.get("model_overrides"),
-                hostvar(hostvars, host, "npuops_vllm_overrides", {}), hostvar(hostvars, host, "npuops_env_overrides"),
+                setting(hostvars, host, "npuops_vllm_overrides"), hostvar(hostvars, host, "npuops_env_overrides"),
                 rows)
             argv = recipes.setup_argv(recipe, recipes.role_of(entry)) + vllm_cli.render(spec)
         except (vllm_cli.VllmCliError, recipes.RecipeError, RenderError) as e:

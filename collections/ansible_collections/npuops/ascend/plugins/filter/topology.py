@@ -25,18 +25,16 @@ __metaclass__ = type
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
+from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar, setting, table_default
 
-DEFAULT_INSTANCE = "main"
+DEFAULT_INSTANCE = table_default("npuops_instance")  # the instance of an inventory that names none
 HCCL_HOST_PORTS = 16  # HCCL_IF_BASE_PORT .. +15: one host listen port per device on A3 (CANN HCCL docs)
 # AscendDirectTransport picks random ports in [20000, 20000 + NPUs x 1000): kv ports below this collide on
 # 16-NPU nodes (vllm-ascend pd_disaggregation_mooncake_multi_node.md, "kv_port")
 MIN_KV_PORT_A3 = 36000
 LAUNCHES = ("multinode", "dp_internal", "dp_external")
 GATEWAY_GROUP = "gateway"
-MONITOR_GROUP = "monitor"
 GATEWAY_MODES = ("active_standby", "active_active", "canary", "tenant")
-GATEWAY_PORT = 8000
 STATS_PORT = 8404  # HAProxy's stats page, on 127.0.0.1 of each gateway host (filter gateway renders it)
 
 
@@ -120,7 +118,7 @@ def instances_of(groups, hostvars):
     """{instance name: [hosts]} in inventory order: hosts of npu_nodes grouped by npuops_instance."""
     out = {}
     for h in groups.get("npu_nodes", []):
-        out.setdefault(str(hostvar(hostvars, h, "npuops_instance", DEFAULT_INSTANCE)), []).append(h)
+        out.setdefault(str(setting(hostvars, h, "npuops_instance")), []).append(h)
     return out
 
 
@@ -289,7 +287,7 @@ def _plan_kv_pool(tier, instance, proxy, hostvars, hosts, members):
     host (``npuops_kv_pool_host``, default the proxy's), its URLs and the configuration files. Every engine of the
     instance is told (``kv_pool``) so the deviation rows that stand in for a missing pool apply only without one."""
     first = members[0]
-    pool = str(hostvar(hostvars, first, "npuops_kv_pool", "none"))
+    pool = str(setting(hostvars, first, "npuops_kv_pool"))
     for h in members:
         hosts[h]["kv_pool"] = pool != "none"
     if pool == "none":
@@ -371,7 +369,7 @@ def plan(groups, hostvars, tier, models=None):
 def plan_monitor(groups, hostvars):
     """Where Prometheus runs: the hosts of group ``monitor`` (``npuops_monitor_group``), or the first NPU node."""
     nodes = list(groups.get("npu_nodes") or [])
-    name = hostvar(hostvars, nodes[0], "npuops_monitor_group", MONITOR_GROUP) if nodes else MONITOR_GROUP
+    name = setting(hostvars, nodes[0] if nodes else None, "npuops_monitor_group")
     return {"group": name, "hosts": list(groups.get(name) or []) or nodes[:1]}
 
 
@@ -404,7 +402,7 @@ def plan_gateway(groups, hostvars, instances):
         return None
     first = gw_hosts[0]
     vip = str(hostvar(hostvars, first, "npuops_gateway_vip"))
-    port = int(hostvar(hostvars, first, "npuops_gateway_port", GATEWAY_PORT))
+    port = int(setting(hostvars, first, "npuops_gateway_port"))
     backends = {}
     for name, inst in instances.items():
         if inst.get("proxy"):
@@ -417,7 +415,7 @@ def plan_gateway(groups, hostvars, instances):
         backends[name] = servers
     return {"hosts": gw_hosts, "vip": vip, "port": port, "stats_port": STATS_PORT,
             "addresses": dict((h, _node_ip(hostvars, h)) for h in gw_hosts),
-            "mode": str(hostvar(hostvars, first, "npuops_gateway_mode", "active_standby")),
+            "mode": str(setting(hostvars, first, "npuops_gateway_mode")),
             "endpoint": "http://%s:%d" % (vip, port), "instances": list(instances), "backends": backends,
             # the model each instance serves: in tenant mode each backend's health check asks for its own
             "models": dict((name, inst.get("served_model_name")) for name, inst in instances.items()),

@@ -16,7 +16,7 @@ description:
   - Runs smoke checks against a vLLM endpoint or the PD proxy in front of it, and returns one row per check
     (name, ok, detail, latency).
   - V(health) (the health path answers 200), V(models) (the model is served), V(token) (a one-token completion
-    gives a token: the request status and the gateway agent send; run only when asked), V(chat) (a chat completion
+    gives a token, the request status and the gateway agent send; run only when asked), V(chat) (a chat completion
     gives the right answer - 17*23 is 391 - which a deployment that answers garbage fails), V(reasoning) (the
     reasoning comes back apart from the answer), V(tool_call) (C(get_weather) with C(tool_choice=auto) gives
     C(finish_reason=tool_calls) and parseable arguments), V(image) (an image plus text), V(long_prompt) (a long
