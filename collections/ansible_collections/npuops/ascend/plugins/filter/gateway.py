@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: npuops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The gateway in front of the instances: HAProxy and keepalived configurations rendered from the plan, and the
-order of a rolling update. Pure functions; the gateway role writes what they return.
+"""The gateway in front of the instances: what the HAProxy and keepalived configurations say for the plan (the
+gateway role's templates lay them out), and the order of a rolling update. Pure functions.
 
 HAProxy 2.6 (Debian 12's package), configuration manual sections used: ``option httpchk`` / ``http-check send``
 (GET /health: liveness that does not queue behind the load), ``agent-check`` / ``agent-port`` / ``agent-addr`` /
@@ -17,10 +17,14 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 
+import os
+
+import jinja2
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter import topology
 from ansible_collections.npuops.ascend.plugins.module_utils import haproxy_admin
+from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
 
 ADMIN_SOCKET = "/run/haproxy/admin.sock"
 PID_FILE = "/run/haproxy.pid"
@@ -30,6 +34,7 @@ KEEPALIVED_BIN = "/usr/sbin/keepalived"
 TENANT_MAP = "/etc/haproxy/npuops-tenants.map"
 STATS_PORT = topology.STATS_PORT
 SERVICE_BACKEND = "be_service"
+TEMPLATES = os.path.join(catalog.ROLES_DIR, "gateway", "templates")
 # Liveness: GET /health every second, which vLLM's API server answers without queueing behind the load (a busy engine
 # stays in); a server is down after 3 failed checks (300 ms apart once one failed), each bounded by 1.5 s: a dead
 # engine is out within ~1 s (connection refused), a frozen one within about 1 + 3 x 1.5 + 2 x 0.3 = 6.1 s. Progress:
@@ -70,18 +75,6 @@ def state_servers(gateway):
     return out
 
 
-def _check_lines(health_path):
-    return ["    option httpchk",
-            "    http-check send meth GET uri %s ver HTTP/1.1 hdr Host npuops-gateway" % health_path,
-            "    http-check expect status 200",
-            "    timeout check %s" % CHECK["timeout"],
-            # a server marked down (dead, frozen, or wedged by the agent's word) has its sessions cut: nothing of
-            # theirs comes back; a busy one is never marked down
-            "    default-server inter %s fastinter %s downinter %s fall %d rise %d agent-inter %s agent-addr %s "
-            "on-marked-down shutdown-sessions" % (CHECK["inter"], CHECK["fastinter"], CHECK["downinter"],
-                                                  CHECK["fall"], CHECK["rise"], AGENT["inter"], AGENT["bind"])]
-
-
 def agent_ports(gateway):
     """{server name: the port its agent check listens on, on the gateway host}."""
     return dict((name, AGENT["port_base"] + i) for i, (_be, name, _inst) in enumerate(servers(gateway)))
@@ -102,104 +95,59 @@ def agent_config(gateway, model, api_key=""):
     return config
 
 
-def _server_lines(gateway, instances, backup=(), weights=None):
-    lines = []
+def _backend(name, balance, gateway, instances, backup=(), weights=None):
     ports = agent_ports(gateway)
+    out = {"name": name, "balance": balance, "allbackups": bool(backup), "servers": []}
     for inst in instances:
         for i, s in enumerate(gateway["backends"][inst]):
-            extra = " backup" if inst in backup else ""
-            if weights is not None:
-                extra += " weight %d" % int(weights[inst])
-            name = server_name(inst, i)
-            lines.append("    server %s %s:%d check agent-check agent-port %d%s" % (
-                name, s["address"], int(s["port"]), ports[name], extra))
-    return lines
+            out["servers"].append({"name": server_name(inst, i), "address": s["address"], "port": int(s["port"]),
+                                   "agent_port": ports[server_name(inst, i)], "backup": inst in backup,
+                                   "weight": int(weights[inst]) if weights is not None else None})
+    return out
 
 
-def haproxy_config(gateway, model, options=None):
-    """haproxy.cfg for the plan's gateway: every server checked for liveness (GET the instance's health path) and for
-    progress (the agent check, agent_config). `model` is the service's served model name; `options`: weights
-    ({instance: 0-256}, canary), api_key (the engines' key: tenant mode sends it to the engines), tenants (truthy in
-    tenant mode: the keys themselves live in the map file, never here)."""
+def haproxy(gateway, model=None, options=None):
+    """What haproxy.cfg says for the plan's gateway (the role's templates/haproxy.cfg.j2 lays it out): every server
+    checked for liveness (GET the instance's health path) and for progress (the agent check, agent_config).
+    `model` is the service's served model name; `options`: weights ({instance: 0-256}, canary), api_key (the
+    engines' key: tenant mode sends it to the engines), tenants (truthy in tenant mode: the keys themselves live in
+    the map file, never here)."""
     options = options or {}
     mode = gateway["mode"]
     insts = list(gateway["instances"])
-    if mode not in ("active_standby", "active_active", "canary", "tenant"):
+    if mode not in topology.GATEWAY_MODES:
         raise AnsibleFilterError("haproxy_config: npuops_gateway_mode %r is not a mode" % (mode,))
-    lines = [
-        "# Written by the npuops.ascend.gateway role from the plan; changes here are overwritten.",
-        "global",
-        "    master-worker",
-        "    pidfile %s" % PID_FILE,
-        # the admin socket: a unix socket, root only; the rolling update drains servers through it
-        "    stats socket %s mode 600 level admin expose-fd listeners" % ADMIN_SOCKET,
-        # a reload or a restart starts each server in the admin state it had (drained, in maintenance): an
-        # instance taken out of rotation stays out until npuops puts it back (module haproxy_server_state)
-        "    server-state-file %s" % haproxy_admin.STATE_FILE,
-        "    stats timeout 30s",
-        # a reload lets the old worker finish its connections, for at most this long
-        "    hard-stop-after 120s",
-        "",
-        "defaults",
-        "    mode http",
-        "    load-server-state-from-file global",
-        # no log lines at all: requests carry API keys in their headers
-        "    timeout connect 2s",
-        "    timeout client 600s",
-        "    timeout server 600s",
-        "    timeout http-request 10s",
-        "    timeout queue 10s",
-        # the engines (uvicorn) close a keep-alive connection after 5 s idle: a request sent down an idle server
-        # connection at that moment gets nothing back, a 502. So no idle server connections (the clients keep
-        # theirs), and a request that got no byte back or could not connect is sent again, to another server
-        "    option http-server-close",
-        "    retry-on conn-failure empty-response",
-        "    retries 2",
-        "    option redispatch 1",
-        "",
-        "frontend stats",
-        "    bind 127.0.0.1:%d" % STATS_PORT,
-        "    stats enable",
-        "    stats uri /stats",
-        "    stats refresh 5s",
-        "",
-        "frontend npuops",
-        "    bind 0.0.0.0:%d" % int(gateway["port"]),
-        "    option forwardfor",
-        # which instance answered (the server's name, <instance>-<n>): for operators and the canary check
-        "    http-response set-header X-Npuops-Server %[srv_name]",
-    ]
     if mode == "tenant":
-        lines += [
-            "    http-request set-var(txn.npuops_key) req.hdr(Authorization),word(2,' ')",
-            "    acl npuops_known_key var(txn.npuops_key),map(%s) -m found" % TENANT_MAP,
-            "    http-request deny deny_status 401 unless npuops_known_key",
-        ]
-        if options.get("api_key"):
-            lines.append("    http-request set-header Authorization \"Bearer %s\"" % options["api_key"])
-        lines += ["    use_backend %%[var(txn.npuops_key),map(%s)]" % TENANT_MAP, ""]
-        for inst in insts:
-            lines += ["backend %s" % backend_of(inst), "    balance leastconn"]
-            lines += _check_lines(gateway.get("health_path") or "/health") + _server_lines(gateway, [inst]) + [""]
-        return "\n".join(lines) + "\n"
-    lines += ["    default_backend %s" % SERVICE_BACKEND, "", "backend %s" % SERVICE_BACKEND]
-    if mode == "active_standby":
-        # the first instance serves; the others only while it is down (or drained)
-        lines += ["    balance leastconn", "    option allbackups"]
-        body = _server_lines(gateway, insts, backup=insts[1:])
+        backends = [_backend(backend_of(inst), "leastconn", gateway, [inst]) for inst in insts]
+    elif mode == "active_standby":
+        backends = [_backend(SERVICE_BACKEND, "leastconn", gateway, insts, backup=insts[1:])]
     elif mode == "active_active":
-        lines += ["    balance leastconn"]
-        body = _server_lines(gateway, insts)
+        backends = [_backend(SERVICE_BACKEND, "leastconn", gateway, insts)]
     else:
         weights = options.get("weights") or {}
         missing = [i for i in insts if i not in weights]
         if missing:
             raise AnsibleFilterError("haproxy_config: canary mode needs npuops_gateway_weights for %s"
                                      % ", ".join(missing))
-        lines += ["    balance roundrobin"]
-        body = _server_lines(gateway, insts, weights=weights)
-    lines += _check_lines(gateway.get("health_path") or "/health") + body
-    return "\n".join(lines) + "\n"
+        backends = [_backend(SERVICE_BACKEND, "roundrobin", gateway, insts, weights=weights)]
+    return {"mode": mode, "pid_file": PID_FILE, "admin_socket": ADMIN_SOCKET, "state_file": haproxy_admin.STATE_FILE,
+            "stats_port": STATS_PORT, "port": int(gateway["port"]), "tenant_map": TENANT_MAP,
+            "api_key": (options.get("api_key") or "") if mode == "tenant" else "",
+            "health_path": gateway.get("health_path") or "/health", "check": dict(CHECK),
+            "agent": {"inter": AGENT["inter"], "bind": AGENT["bind"]}, "backends": backends}
+
+
+def render(template, **values):
+    """The role's template `template` (roles/gateway/templates) rendered with `values` as the template module renders
+    it (trim_blocks, the trailing newline kept): what the role writes, for previews and tests."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), trim_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined, autoescape=False)
+    return env.get_template(template).render(**values)
+
+
+def haproxy_config(gateway, model=None, options=None):
+    """haproxy.cfg for the plan's gateway, as the role writes it."""
+    return render("haproxy.cfg.j2", npuops_haproxy=haproxy(gateway, model, options))
 
 
 def tenant_map(tenants):
@@ -207,51 +155,25 @@ def tenant_map(tenants):
     return "".join("%s %s\n" % (key, backend_of(inst)) for key, inst in sorted((tenants or {}).items()))
 
 
-def keepalived_config(gateway, host, options=None):
-    """keepalived.conf of one gateway host: VRRP between the gateway hosts (unicast, to the other's address), the
-    floating address on the host's NIC, and a check that HAProxy runs (the address leaves a host whose HAProxy
-    died). The first gateway host has the higher priority."""
+def keepalived(gateway, host, options=None):
+    """What keepalived.conf says on one gateway host (the role's templates/keepalived.conf.j2 lays it out): VRRP
+    between the gateway hosts (unicast, to the other's address), the floating address on the host's NIC (`options`:
+    nic, vrid, prefix, check_script), and a check that HAProxy runs. The first gateway host has the higher
+    priority."""
     options = options or {}
     hosts = gateway["hosts"]
     if host not in hosts:
         raise AnsibleFilterError("keepalived_config: %s is not a host of group gateway (%s)" % (host, ", ".join(hosts)))
-    me = gateway["addresses"][host]
-    peers = [gateway["addresses"][h] for h in hosts if h != host]
-    prefix = int(options.get("prefix", 24))
-    nic = options["nic"]
-    lines = [
-        "# Written by the npuops.ascend.gateway role from the plan; changes here are overwritten.",
-        "global_defs {",
-        "    router_id %s" % host,
-        "    script_user root",
-        "    enable_script_security",
-        "}",
-        "vrrp_script npuops_haproxy {",
-        "    script \"%s\"" % options.get("check_script", "/etc/keepalived/npuops_check_haproxy.sh"),
-        "    interval 1",
-        "    timeout 2",
-        "    fall 2",
-        "    rise 2",
-        "}",
-        "vrrp_instance npuops {",
-        "    state BACKUP",
-        "    interface %s" % nic,
-        "    virtual_router_id %d" % int(options.get("vrid", 51)),
-        "    priority %d" % (150 - 50 * hosts.index(host)),
-        "    advert_int 1",
-        "    unicast_src_ip %s" % me,
-        "    unicast_peer {",
-    ] + ["        %s" % p for p in peers] + [
-        "    }",
-        "    virtual_ipaddress {",
-        "        %s/%d dev %s" % (gateway["vip"], prefix, nic),
-        "    }",
-        "    track_script {",
-        "        npuops_haproxy",
-        "    }",
-        "}",
-    ]
-    return "\n".join(lines) + "\n"
+    return {"host": host, "nic": options["nic"], "vrid": int(options.get("vrid", 51)),
+            "priority": 150 - 50 * hosts.index(host), "address": gateway["addresses"][host],
+            "peers": [gateway["addresses"][h] for h in hosts if h != host], "vip": gateway["vip"],
+            "prefix": int(options.get("prefix", 24)),
+            "check_script": options.get("check_script", "/etc/keepalived/npuops_check_haproxy.sh")}
+
+
+def keepalived_config(gateway, host, options=None):
+    """keepalived.conf of one gateway host, as the role writes it."""
+    return render("keepalived.conf.j2", npuops_keepalived=keepalived(gateway, host, options))
 
 
 def rollout_order(plan, restart):
@@ -277,7 +199,7 @@ def gateway_servers_of(gateway, instances):
 
 class FilterModule(object):
     def filters(self):
-        return {"gateway_haproxy_config": haproxy_config, "gateway_tenant_map": tenant_map,
-                "gateway_keepalived_config": keepalived_config, "gateway_rollout_order": rollout_order,
+        return {"gateway_haproxy": haproxy, "gateway_tenant_map": tenant_map,
+                "gateway_keepalived": keepalived, "gateway_rollout_order": rollout_order,
                 "gateway_servers_of": gateway_servers_of, "gateway_agent_config": agent_config,
                 "gateway_state_servers": state_servers}

@@ -3,6 +3,11 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 from ansible.errors import AnsibleFilterError
 
@@ -207,3 +212,54 @@ def test_an_instance_on_other_weights_answers_with_its_name_and_accepts_the_serv
             assert b["command"][flag + 1] == b_names and b["command"][flag + 2].startswith("--"), mode
         flag = a["command"].index("--served-model-name")
         assert a["command"][flag + 1] == "kimi-k3" and a["command"][flag + 2].startswith("--"), mode
+
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 8))
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "gateway")
+# the configurations the Python renderer wrote before the layouts moved into the role's templates (captured from it)
+CONFIGS = {
+    "haproxy_active_standby.cfg": lambda: (plan_of(*with_gateway())["gateway"], "kimi-k3", {}),
+    "haproxy_active_active.cfg": lambda: (plan_of(*with_gateway(mode="active_active"))["gateway"], "kimi-k3", {}),
+    "haproxy_canary.cfg": lambda: (plan_of(*with_gateway(mode="canary"))["gateway"], "m",
+                                   {"weights": {"a": 90, "b": 10}}),
+    "haproxy_tenant.cfg": lambda: (on_other_weights("tenant", npuops_gateway_tenants={
+        "key-of-tenant-a": "a", "key-of-tenant-b": "b"})[0]["gateway"], "kimi-k3", {"api_key": "sk-engines-key"}),
+    "keepalived_gw01.conf": lambda: (plan_of(*with_gateway())["gateway"], "gw01", {"nic": "eth0"}),
+    "keepalived_gw02.conf": lambda: (plan_of(*with_gateway())["gateway"], "gw02",
+                                     {"nic": "enp189s0f0", "vrid": 7, "prefix": 16}),
+}
+
+
+def fixture(name):
+    with open(os.path.join(FIXTURES, name)) as f:
+        return f.read()
+
+
+def test_the_role_writes_the_configurations_byte_for_byte_as_before_with_the_template_module(tmp_path):
+    """The gateway role's own tasks - ansible.builtin.template over its templates with the filters' values - run by
+    ansible-playbook on localhost, write every configuration as the Python renderer wrote it before the layouts
+    moved into templates; the filters' preview renderer agrees."""
+    cases = dict((name, make()) for name, make in CONFIGS.items())
+    tasks = []
+    for name, (gateway, arg, options) in cases.items():
+        kind = name.split("_", 1)[0]
+        tasks.append({"name": "Write %s" % name, "ansible.builtin.template": {
+            "src": os.path.join(gw.TEMPLATES, "%s.j2" % ("haproxy.cfg" if kind == "haproxy" else "keepalived.conf")),
+            "dest": str(tmp_path / name), "mode": "0600"},
+            "vars": {"npuops_%s" % kind: "{{ cases['%s'][0] | npuops.ascend.gateway_%s(cases['%s'][1], "
+                                           "cases['%s'][2]) }}" % (name, kind, name, name)}})
+    (tmp_path / "play.yml").write_text(json.dumps([{"hosts": "localhost", "connection": "local",
+                                                    "gather_facts": False, "tasks": tasks}]))
+    (tmp_path / "cases.json").write_text(json.dumps({"cases": dict((n, list(c)) for n, c in cases.items())}))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_LOCALHOST_WARNING="false",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
+    run = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,",
+                          "-e", "@%s" % (tmp_path / "cases.json"), "-e", "ansible_python_interpreter=%s" % sys.executable,
+                          str(tmp_path / "play.yml")],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    for name, (gateway, arg, options) in cases.items():
+        assert (tmp_path / name).read_text() == fixture(name), name
+        preview = gw.haproxy_config(gateway, arg, options) if name.startswith("haproxy") else \
+            gw.keepalived_config(gateway, arg, options)
+        assert preview == fixture(name), name
