@@ -27,18 +27,24 @@ from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import host
 # the Kimi-K3 page, section 5.1.2.1: "python -c \"from memcache_hybrid import MetaService; MetaService.main()\""
 KV_POOL_COMMAND = ["python", "-c", "from memcache_hybrid import MetaService; MetaService.main()"]
 PROXY_SCRIPT = "/vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py"
-# device nodes and read-only host paths every vLLM-Ascend container needs (vllm-ascend installation.md docker run),
-# plus /etc/hccn.conf, which the PD docs require and without which the service answers garbage (vllm-ascend#7711)
+# device nodes and read-only host paths every vLLM-Ascend container needs (vllm-ascend installation.md docker run).
+# The host paths mounted only where they exist follow them: npuops_serve_optional_mounts, by default /etc/hccn.conf,
+# which the PD docs require and without which the service answers garbage (vllm-ascend#7711)
 MGMT_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
 HOST_MOUNTS = ["/usr/local/dcmi", "/usr/local/Ascend/driver/tools/hccn_tool", "/usr/local/bin/npu-smi",
-               "/usr/local/Ascend/driver/lib64", "/usr/local/Ascend/driver/version.info", "/etc/ascend_install.info",
-               "/etc/hccn.conf"]
+               "/usr/local/Ascend/driver/lib64", "/usr/local/Ascend/driver/version.info", "/etc/ascend_install.info"]
 # preset fields that are vLLM flags under another name (npuops_model_overrides reaches the command through them)
 PRESET_FLAGS = {"cudagraph_mode": ("compilation_config", "cudagraph_mode"), "speculative": ("speculative_config", None)}
 
 
 class RenderError(Exception):
     pass
+
+
+def host_mounts(optional):
+    """The host paths an engine container mounts read-only: every one it needs, then the `optional` ones (the
+    serve stage leaves out those a node does not have)."""
+    return HOST_MOUNTS + [m for m in optional if m not in HOST_MOUNTS]
 
 
 def pd_sizes(instance):
@@ -230,7 +236,8 @@ def serve_containers(plan, hostvars, tier, model, options):
             "command": argv,
             "env": env,
             "devices": ["/dev/davinci%d" % int(d) for d in devices] + MGMT_DEVICES,
-            "mounts": ["%s:%s:ro" % (m, m) for m in HOST_MOUNTS + weight_dirs],
+            "mounts": ["%s:%s:ro" % (m, m) for m in host_mounts(setting(hostvars, host, "npuops_serve_optional_mounts"))
+                       + weight_dirs],
             "shm_size": options.get("shm_size", "16g"),
             "privileged": privileged,
             "labels": labels(entry, tier),

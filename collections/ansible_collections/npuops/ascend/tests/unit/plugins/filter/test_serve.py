@@ -57,6 +57,22 @@ def test_4node_dp_env_devices_and_mounts():
     assert c["shm_size"] == "16g"
 
 
+def test_the_optional_host_paths_are_the_inventorys_one_list_and_follow_the_needed_ones():
+    """npuops_serve_optional_mounts is the one statement of the host paths an engine gets only where they exist: by
+    default /etc/hccn.conf, after the driver files; a path of the operator's is mounted too, one already needed is
+    not mounted twice, and an empty list mounts none (the serve stage drops the ones a node lacks)."""
+    driver = ["/usr/local/dcmi", "/usr/local/Ascend/driver/tools/hccn_tool", "/usr/local/bin/npu-smi",
+              "/usr/local/Ascend/driver/lib64", "/usr/local/Ascend/driver/version.info", "/etc/ascend_install.info"]
+    for optional, host_paths in (
+            (None, driver + ["/etc/hccn.conf"]),
+            (["/etc/hccn.conf", "/etc/npu-topology.conf", "/usr/local/dcmi"], driver + ["/etc/hccn.conf",
+                                                                                      "/etc/npu-topology.conf"]),
+            ([], driver)):
+        values = {} if optional is None else {"npuops_serve_optional_mounts": optional}
+        out, _plan, _hv, _t = containers("4node_dp", 4, **values)
+        assert out["node02"]["engine"]["mounts"] == ["%s:%s:ro" % (m, m) for m in host_paths + ["/data/models/k3"]]
+
+
 @pytest.mark.parametrize("tokenizer_dir, mounted", [
     ("/data/tokenizers/k3", True),      # apart: copied by the weights stage and mounted
     ("/data/models/k3/tokenizer", False),  # inside the model directory: its mount covers it
