@@ -189,7 +189,8 @@ def image_line(hostvars, host):
 
 def _model_problems(tier, name, members, hostvars, presets, drafts=None):
     """What one instance serves: its model preset and overrides, its recipe (for the tier), its model and tokenizer
-    directories, its draft. -> (problems, the tier with the instance's recipe, or None when it cannot be chosen)."""
+    directories, its draft. -> (problems, the tier with the instance's recipe, or None when it cannot be chosen, and
+    that recipe)."""
     first = members[0]
     where = " (instance %s)" % name if name != topology.DEFAULT_INSTANCE else ""
     problems = []
@@ -200,7 +201,7 @@ def _model_problems(tier, name, members, hostvars, presets, drafts=None):
     else:
         problems.extend(p + where for p in override_problems(
             presets[model], setting(hostvars, first, "npuops_model_overrides")))
-    itier = target = None
+    itier = target = recipe = None
     if tier is not None and model in presets:
         try:
             recipe = recipes.choose(setting(hostvars, first, "npuops_recipe") or None, tier["name"], model,
@@ -219,11 +220,12 @@ def _model_problems(tier, name, members, hostvars, presets, drafts=None):
     if not isinstance(tokenizer_dir, str) or (tokenizer_dir and not tokenizer_dir.startswith("/")):
         problems.append("npuops_tokenizer_dir = %r%s must be an absolute path on the nodes (e.g. "
                         "/data/models/Kimi-K3-tokenizer) or empty for the model directory" % (tokenizer_dir, where))
-    return problems, itier
+    return problems, itier, recipe
 
 
-def validate(groups, hostvars, presets, tiers=None, drafts=None):
-    """-> list of problem strings (empty when the inventory is fine)."""
+def validate(groups, hostvars, presets, tiers=None, drafts=None, chosen=None):
+    """-> list of problem strings (empty when the inventory is fine). `chosen`, a dict, receives the recipe chosen
+    for each instance, so that what is read after the check does not choose again."""
     tiers = catalog.tiers() if tiers is None else tiers
     problems = []
     nodes = list(groups.get("npu_nodes", []))
@@ -252,9 +254,11 @@ def validate(groups, hostvars, presets, tiers=None, drafts=None):
     instances = topology.instances_of(groups, hostvars)
     instance_tiers = {}
     for name, members in instances.items():
-        model_problems, itier = _model_problems(tier, name, members, hostvars, presets, drafts)
+        model_problems, itier, recipe = _model_problems(tier, name, members, hostvars, presets, drafts)
         problems.extend(model_problems)
         instance_tiers[name] = itier
+        if chosen is not None and recipe is not None:
+            chosen[name] = recipe
     for h in nodes:
         image = hostvar(hostvars, h, "npuops_image")
         if not isinstance(image, str) or not image.strip() or " " in image:
@@ -574,11 +578,12 @@ def tier_document(name, recipe=None, hostvars=None, host=None):
     return topology.sized(tier, hostvars, host) if hostvars is not None and host else tier
 
 
-def instance_specs(groups, hostvars, presets, drafts=None):
+def instance_specs(groups, hostvars, presets, drafts=None, chosen=None):
     """{instance: what it serves}, from the variables of its first host (the validator has checked they are the same
     on each of its hosts): model (the preset's name), model_spec, model_overrides, served_model_name, model_dir,
     tokenizer_dir, image, recipe (the document) and tier (the tier document with that recipe's ports). Replicas may
-    serve different weights; one instance's values are the old cluster-wide ones."""
+    serve different weights; one instance's values are the old cluster-wide ones. `chosen`: {instance: recipe} the
+    validator chose (inventory_model), else each recipe is chosen here."""
     out = {}
     for name, members in topology.instances_of(groups, hostvars).items():
         first = members[0]
@@ -586,8 +591,8 @@ def instance_specs(groups, hostvars, presets, drafts=None):
         if model not in presets:
             raise AnsibleFilterError("instance_specs: npuops_model = %r (instance %s) is not a model preset" % (model, name))
         try:
-            recipe = recipes.choose(setting(hostvars, first, "npuops_recipe") or None, tier_name, model,
-                                    image_line(hostvars, first))
+            recipe = (chosen or {}).get(name) or recipes.choose(
+                setting(hostvars, first, "npuops_recipe") or None, tier_name, model, image_line(hostvars, first))
         except recipes.RecipeError as e:
             raise AnsibleFilterError("instance_specs: instance %s: %s" % (name, e))
         overrides = setting(hostvars, first, "npuops_model_overrides")
@@ -606,7 +611,22 @@ def instance_specs(groups, hostvars, presets, drafts=None):
     return out
 
 
+def inventory_model(groups, hostvars, presets, drafts=None):
+    """The inventory read once for a run: -> {problems, instances, tier, plan}. `problems`: everything wrong with it
+    (validate_inventory); when nothing is, `instances` (instance_specs, from the recipes the check chose), `tier` (the
+    first instance's tier document: the service's) and `plan` (plan_topology over them); otherwise those are None,
+    since a plan of a wrong inventory would only fail elsewhere."""
+    chosen = {}
+    problems = validate(groups, hostvars, presets, drafts=drafts, chosen=chosen)
+    if problems:
+        return {"problems": problems, "instances": None, "tier": None, "plan": None}
+    specs = instance_specs(groups, hostvars, presets, drafts, chosen)
+    tier = next(iter(specs.values()))["tier"]
+    return {"problems": [], "instances": specs, "tier": tier,
+            "plan": topology.plan_topology(groups, hostvars, tier, specs)}
+
+
 class FilterModule(object):
     def filters(self):
         return {"validate_inventory": validate_inventory, "tier_document": tier_document, "model_spec": model_spec,
-                "instance_specs": instance_specs}
+                "instance_specs": instance_specs, "inventory_model": inventory_model}

@@ -321,3 +321,29 @@ def test_a_list_option_with_choices_is_checked_item_by_item(presets):
     assert inv.variable_problems(["node01"], hv, inv.catalog.tiers()) == [
         "host node01: npuops_validate_checks: 'helth' must be one of health, models, chat, reasoning, tool_call, "
         "image, long_prompt, stream"]
+
+
+def test_the_inventory_is_read_once_each_recipe_chosen_once(presets, monkeypatch):
+    """inventory_model checks the inventory and reads it into what the stages use in one pass: the recipe the check
+    chose for an instance is the one it serves (recipes.choose once per instance, not again), the service's tier is
+    the first instance's, and the plan names both instances."""
+    calls = []
+    choose = inv.recipes.choose
+    monkeypatch.setattr(inv.recipes, "choose", lambda *a: calls.append(a) or choose(*a))
+    groups, hv = two_instances()
+    model = inv.inventory_model(groups, hv, presets)
+    assert model["problems"] == [] and sorted(model["instances"]) == ["a", "b"]
+    assert len(calls) == 2  # one per instance
+    assert model["instances"]["a"]["recipe"]["name"] == model["instances"]["b"]["recipe"]["name"] == \
+        "vllm_ascend_kimi_k3_4node_a3"
+    assert model["tier"] is model["instances"]["a"]["tier"] and model["tier"]["name"] == "4node_dp"
+    assert sorted(model["plan"]["instances"]) == ["a", "b"] and model["plan"]["hosts"]["node05"]["instance"] == "b"
+
+
+def test_a_wrong_inventory_reads_into_its_problems_alone(presets):
+    groups, hv = two_instances()
+    hv["node01"]["npuops_node_ip"] = "not-an-address"
+    model = inv.inventory_model(groups, hv, presets)
+    assert model["instances"] is None and model["tier"] is None and model["plan"] is None
+    assert any(p.startswith("host node01: npuops_node_ip = 'not-an-address' is not an IPv4 address")
+               for p in model["problems"]), model["problems"]
