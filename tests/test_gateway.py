@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -288,6 +289,52 @@ def test_canary_weights_split_within_a_binomial_bound(cluster, tmp_path):
     # n=200, p=0.1: mean 20, sd 4.24; 4.5 sd either side
     assert served.count(None) == 0 and a + served.count("b-1") == 200
     assert 1 <= a <= 39, a
+
+
+def haproxy_weights(c):
+    """{server: weight} of the service's backend as the running HAProxy has it (the active gateway host's stats)."""
+    holder = vip_holder(c) or "gw01"
+    code = ("import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8404/stats;csv', timeout=5)"
+            ".read().decode())")
+    lines = [line for line in c.api.nsenter(holder, ["/usr/bin/python3", "-c", code]).stdout.splitlines() if line]
+    header = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(header, line.split(","))) for line in lines[1:]]
+    return dict((r["svname"], int(r["weight"])) for r in rows if r.get("svname") in ("a-1", "b-1"))
+
+
+def test_a_gateway_run_stopped_after_writing_haproxy_cfg_is_reloaded_by_the_next_run(cluster, tmp_path):
+    """Ctrl-C between writing haproxy.cfg and the handlers' reload leaves HAProxy on the old weights and a file that
+    already has the new ones: the next run finds the file as the plan says, and reloads all the same, because the
+    checksums recorded at the last reload are not the file's."""
+    assert haproxy_weights(cluster) == {"a-1": 10, "b-1": 90}  # the canary test's
+    f = tmp_path / "gateway-vars.json"
+    f.write_text(json.dumps({"npuops_gateway_mode": "canary", "npuops_gateway_weights": {"a": 90, "b": 10}}))
+    proc = subprocess.Popen([BIN + "/ansible-playbook", "-i", cluster.inventory, "-l", "gateway", "-e", "@%s" % f,
+                             "playbooks/gateway.yml"], env=env(), cwd=REPO, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    guard = threading.Timer(300, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    guard.start()
+    try:
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "Write the check keepalived runs" in line:  # haproxy.cfg is written on both hosts, nothing reloaded
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        proc.communicate(timeout=120)
+    finally:
+        guard.cancel()
+    assert proc.returncode != 0, "".join(seen)[-3000:]
+    for host in ("gw01", "gw02"):
+        cfg = cluster.api.nsenter(host, ["/bin/cat", "/etc/haproxy/haproxy.cfg"]).stdout
+        assert "agent-port 18710 weight 90\n" in cfg, cfg
+    assert haproxy_weights(cluster) == {"a-1": 10, "b-1": 90}  # still the old configuration
+    out = gateway_mode(cluster, tmp_path, npuops_gateway_mode="canary", npuops_gateway_weights={"a": 90, "b": 10})
+    assert "HAProxy loaded another configuration than the one in its files: reloading" in out.stdout
+    assert haproxy_weights(cluster) == {"a-1": 90, "b-1": 10}
+    again = gateway_mode(cluster, tmp_path, npuops_gateway_mode="canary", npuops_gateway_weights={"a": 90, "b": 10})
+    assert re.search(r"gw01\s+: ok=\d+\s+changed=0 ", again.stdout) and \
+        re.search(r"gw02\s+: ok=\d+\s+changed=0 ", again.stdout), again.stdout[-2000:]
 
 
 def test_tenant_mode_routes_each_key_to_its_instance_and_refuses_unknown_keys(cluster, tmp_path):
