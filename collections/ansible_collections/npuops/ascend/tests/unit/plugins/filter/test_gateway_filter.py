@@ -246,8 +246,8 @@ def test_the_role_writes_the_configurations_byte_for_byte_as_before_with_the_tem
         tasks.append({"name": "Write %s" % name, "ansible.builtin.template": {
             "src": os.path.join(gw.TEMPLATES, "%s.j2" % ("haproxy.cfg" if kind == "haproxy" else "keepalived.conf")),
             "dest": str(tmp_path / name), "mode": "0600"},
-            "vars": {"npuops_%s" % kind: "{{ cases['%s'][0] | npuops.ascend.gateway_%s(cases['%s'][1], "
-                                           "cases['%s'][2]) }}" % (name, kind, name, name)}})
+            "vars": {"npuops_%s" % kind: "{{ cases['%s'][0] | npuops.ascend.gateway_%s(cases['%s'][1], cases['%s'][2]) }}"
+                     % (name, kind, name, name)}})
     (tmp_path / "play.yml").write_text(json.dumps([{"hosts": "localhost", "connection": "local",
                                                     "gather_facts": False, "tasks": tasks}]))
     (tmp_path / "cases.json").write_text(json.dumps({"cases": dict((n, list(c)) for n, c in cases.items())}))

@@ -65,8 +65,8 @@ def test_the_optional_host_paths_are_the_inventorys_one_list_and_follow_the_need
               "/usr/local/Ascend/driver/lib64", "/usr/local/Ascend/driver/version.info", "/etc/ascend_install.info"]
     for optional, host_paths in (
             (None, driver + ["/etc/hccn.conf"]),
-            (["/etc/hccn.conf", "/etc/npu-topology.conf", "/usr/local/dcmi"], driver + ["/etc/hccn.conf",
-                                                                                      "/etc/npu-topology.conf"]),
+            (["/etc/hccn.conf", "/etc/npu-topology.conf", "/usr/local/dcmi"],
+             driver + ["/etc/hccn.conf", "/etc/npu-topology.conf"]),
             ([], driver)):
         values = {} if optional is None else {"npuops_serve_optional_mounts": optional}
         out, _plan, _hv, _t = containers("4node_dp", 4, **values)
