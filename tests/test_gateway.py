@@ -311,7 +311,9 @@ def test_a_gateway_run_stopped_after_writing_haproxy_cfg_is_reloaded_by_the_next
     f.write_text(json.dumps({"npuops_gateway_mode": "canary", "npuops_gateway_weights": {"a": 90, "b": 10}}))
     proc = subprocess.Popen([BIN + "/ansible-playbook", "-i", cluster.inventory, "-l", "gateway", "-e", "@%s" % f,
                              "playbooks/gateway.yml"], env=env(), cwd=REPO, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            # Ctrl-C as at a terminal: a job started in the background inherits SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     guard = threading.Timer(300, lambda: os.killpg(proc.pid, signal.SIGKILL))
     guard.start()
     try:
@@ -324,7 +326,7 @@ def test_a_gateway_run_stopped_after_writing_haproxy_cfg_is_reloaded_by_the_next
         proc.communicate(timeout=120)
     finally:
         guard.cancel()
-    assert proc.returncode != 0, "".join(seen)[-3000:]
+    assert proc.returncode != 0, "".join(seen)[-3000:]  # ansible-playbook: "User interrupted execution", 99
     for host in ("gw01", "gw02"):
         cfg = cluster.api.nsenter(host, ["/bin/cat", "/etc/haproxy/haproxy.cfg"]).stdout
         assert "agent-port 18710 weight 90\n" in cfg, cfg
