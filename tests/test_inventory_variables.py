@@ -148,23 +148,35 @@ def test_the_tier_documents_variables_are_rows_that_take_their_default_from_the_
     assert sorted(n for n, r in rows.items() if r.get("default_from") == "tier" and n not in made) == []
 
 
-def test_the_roles_state_the_default_of_the_table(rows):
-    """A role's defaults and every argument spec that states a default say the row's (until the defaults live in one
-    place, the table keeps them from drifting apart)."""
+def test_one_role_states_the_defaults_and_every_role_depends_on_it(rows):
+    """roles/defaults is the only role with defaults: its inventory.yml is what the table makes (checked above), and
+    each of its other files holds the big defaults of rows whose default_text names that file. Every other role lists
+    it first among its dependencies, so its tasks, templates and handlers see every default."""
     problems = []
     for role in catalog.roles():
-        for path in catalog._yaml_files(os.path.join(catalog.ROLES_DIR, role, "defaults", "main")):
+        files = catalog._yaml_files(os.path.join(catalog.ROLES_DIR, role, "defaults", "main"))
+        if role != "defaults":
+            if files:
+                problems.append("role %s states defaults (%s): the table's row is the one place, and roles/defaults "
+                                "has it" % (role, ", ".join(os.path.relpath(f, REPO) for f in files)))
+            with open(os.path.join(catalog.ROLES_DIR, role, "meta", "main.yml")) as f:
+                deps = yaml.safe_load(f).get("dependencies") or []
+            if deps[:1] != [{"role": "npuops.ascend.defaults"}]:
+                problems.append("role %s does not depend on npuops.ascend.defaults first (meta/main.yml): %s" % (
+                    role, deps))
+            continue
+        for path in files:
+            rel = os.path.relpath(path, catalog.COLLECTION_DIR).replace(os.sep, "/")
             for name, value in (catalog._read(path) or {}).items():
                 row = rows.get(name)
                 if row is None:
-                    continue
-                if "default" in row and row["default"] != value:
-                    problems.append("%s: %s = %r, the table says %r" % (os.path.relpath(path, REPO), name, value,
-                                                                       row["default"]))
-                elif "default" not in row and not (row.get("default_text") or "").endswith(
-                        os.path.relpath(path, catalog.ROLES_DIR).replace(os.sep, "/").join(("roles/", ""))):
-                    problems.append("%s: %s has a default the table does not state" % (os.path.relpath(path, REPO),
-                                                                                       name))
+                    problems.append("%s: %s is no row of the table" % (rel, name))
+                elif os.path.basename(path) == "inventory.yml":
+                    if row.get("default", object()) != value:
+                        problems.append("%s: %s = %r, the table says %r" % (rel, name, value, row.get("default")))
+                elif "default" in row or not (row.get("default_text") or "").endswith(rel):
+                    problems.append("%s: %s - its row's default_text must name this file, and the row state no "
+                                    "default" % (rel, name))
     assert problems == [], "\n".join(problems + [FIX])
 
 
@@ -265,9 +277,10 @@ INLINE_DEFAULT = re.compile(r"\b(npuops_[a-z0-9_]+)\s*\|\s*default\(\s*([^()]*?)
 
 
 def inline_default_problems(rows, roots):
-    """`npuops_x | default(<literal>)` in a role, playbook or template whose literal is not the row's default: a role
-    that cannot see the role that owns the default (preflight checks the gateway's and Prometheus's ports and
-    packages) must default the same way, or it checks a cluster the rollout will not build."""
+    """`npuops_x | default(...)` in a role, playbook or template where the table states x's default: a second
+    statement (every role sees roles/defaults; a play's tasks see it through its roles). A literal that disagrees
+    was the bug this caught before there was one place: preflight checked ports and packages of a cluster the
+    rollout would not build."""
     problems = []
     for root in roots:
         for dirpath, _dirs, files in os.walk(root):
@@ -279,25 +292,17 @@ def inline_default_problems(rows, roots):
                     for number, line in enumerate(f, 1):
                         for var, literal in INLINE_DEFAULT.findall(line):
                             row = rows.get(var)
-                            if row is None or "default" not in row or not literal:
+                            if row is None or "default" not in row:
                                 continue
-                            try:  # default(value) or default(value, true)
-                                value = yaml.safe_load("[%s]" % literal)[0]
-                            except yaml.YAMLError:
-                                continue
-                            if isinstance(value, str) and literal[0] not in "'\"":
-                                continue  # another variable or an expression: not a stated default
-                            if value != row["default"]:
-                                problems.append("%s:%d: %s | default(%s), the table says %r" % (
-                                    os.path.relpath(path, REPO), number, var, literal, row["default"]))
+                            problems.append("%s:%d: %s | default(%s), the table says %r" % (
+                                os.path.relpath(path, REPO), number, var, literal, row["default"]))
     return problems
 
 
-def test_no_task_defaults_a_variable_otherwise_than_the_table(rows):
+def test_no_task_restates_a_default_of_the_table(rows):
     roots = [os.path.join(REPO, "playbooks"), catalog.ROLES_DIR]
     problems = inline_default_problems(rows, roots)
-    assert problems == [], "\n".join(problems + ["use the row's default (or drop the inline default where the "
-                                                 "role's defaults state it)"])
+    assert problems == [], "\n".join(problems + ["drop the inline default: roles/defaults states the table's"])
 
 
 def test_the_plugins_restate_no_default_of_the_table(rows):
@@ -323,30 +328,33 @@ def test_setting_takes_the_tables_default_and_the_inventorys_value(rows):
         setting(hostvars, "node01", "npuops_model_dir")  # no default in the table: the caller must say what then
 
 
-def test_the_inline_default_check_finds_a_disagreeing_literal(tmp_path, rows):
+def test_the_inline_default_check_finds_every_restated_default(tmp_path, rows):
     (tmp_path / "main.yml").write_text("x: \"{{ npuops_gateway_install | default(false) | bool }}\"\n"
                                        "y: \"{{ npuops_gateway_install | default(true) | bool }}\"\n"
-                                       "z: \"{{ npuops_monitor_prometheus_port | default(other_var) }}\"\n")
-    assert rows["npuops_gateway_install"]["default"] is True
+                                       "z: \"{{ npuops_monitor_prometheus_port | default(other_var) }}\"\n"
+                                       "w: \"{{ npuops_model_dir | default('/data') }}\"\n")
+    assert rows["npuops_gateway_install"]["default"] is True and "default" not in rows["npuops_model_dir"]
+    where = os.path.relpath(str(tmp_path / "main.yml"), REPO)
     assert inline_default_problems(rows, [str(tmp_path)]) == [
-        "%s:1: npuops_gateway_install | default(false), the table says True" % os.path.relpath(
-            str(tmp_path / "main.yml"), REPO)]
+        "%s:1: npuops_gateway_install | default(false), the table says True" % where,
+        "%s:2: npuops_gateway_install | default(true), the table says True" % where,
+        "%s:3: npuops_monitor_prometheus_port | default(other_var), the table says 9090" % where]
 
 
-def test_an_argument_spec_states_the_literal_default_of_its_roles_defaults():
-    """ansible-doc and the role READMEs show the spec's default: an option whose role default is a plain value (not a
-    template computed at run time, nor a table of presets) must state it there too."""
-    problems = []
-    for role in catalog.roles():
-        defaults = {}
-        for path in catalog._yaml_files(os.path.join(catalog.ROLES_DIR, role, "defaults", "main")):
-            defaults.update(catalog._read(path) or {})
-        for path in catalog._yaml_files(os.path.join(catalog.ROLES_DIR, role, "meta", "argument_specs")):
-            for entry, spec in ((catalog._read(path) or {}).get("argument_specs") or {}).items():
-                for name, option in (spec.get("options") or {}).items():
-                    value = defaults.get(name)
-                    plain = not isinstance(value, dict) and "{{" not in json.dumps(value)
-                    if name in defaults and plain and "default" not in option:
-                        problems.append("role %s, entry point %s: %s has the role default %s, its spec none" % (
-                            role, entry, name, json.dumps(value)))
-    assert problems == [], "\n".join(problems)
+def test_the_argument_specs_defaults_are_written_from_the_table(tmp_path, monkeypatch, rows):
+    """A hand-written spec's default of a row is what the table makes: a wrong one is corrected, a missing plain one
+    is added after the type, a template default (seen at run time from roles/defaults) is not stated."""
+    assert rows["npuops_status_token_timeout"]["default"] == 10 and "{{" in rows["npuops_reports_dir"]["default"]
+    spec = tmp_path / "argument_specs.yml"
+    spec.write_text("argument_specs:\n  main:\n    options:\n"
+                    "      npuops_status_token_timeout:\n        type: int\n        default: 11\n"
+                    "        description: x\n"
+                    "      npuops_status_health_timeout:\n        type: int\n        description:\n          - y\n"
+                    "      npuops_reports_dir:\n        type: str\n        default: /tmp\n        description: z\n"
+                    "      not_a_row:\n        type: int\n        default: 1\n")
+    monkeypatch.setattr(tool, "REPO", str(tmp_path))
+    assert yaml.safe_load(tool.render_spec_defaults("argument_specs.yml"))["argument_specs"]["main"]["options"] == {
+        "npuops_status_token_timeout": {"type": "int", "default": 10, "description": "x"},
+        "npuops_status_health_timeout": {"type": "int", "default": 3, "description": ["y"]},
+        "npuops_reports_dir": {"type": "str", "description": "z"},
+        "not_a_row": {"type": "int", "default": 1}}

@@ -30,7 +30,7 @@ COLLECTION = os.path.relpath(catalog.COLLECTION_DIR, REPO)
 COMMAND = "make inventory-vars"
 NAME = re.compile(r"^npuops_[a-z0-9_]+$")
 # what a role's directory is to an operator: the stage (playbook, tag) that runs it
-ROLE_STAGE = {"serve": "deploy", "monitoring": "monitor"}
+ROLE_STAGE = {"serve": "deploy", "monitoring": "monitor", "defaults": ""}
 # a stage playbook's stem is its stage; site.yml and the simulator's playbooks are none
 PLAYBOOK_STAGE = {"plan": "plan", "preflight": "preflight", "weights": "weights", "deploy": "deploy",
                   "gateway": "gateway", "validate": "validate", "accuracy": "accuracy", "bench": "bench",
@@ -274,6 +274,9 @@ def inline_defaults(names=None):
 # ----------------------------------------------------------------------------------------------- rendering
 
 PLAN_SPEC = os.path.join(COLLECTION, "roles", "plan", "meta", "argument_specs.yml")
+# the one place a role finds a default: roles/defaults, which every role depends on (meta/main.yml); the big tables
+# beside it (presets.yml, matrices.yml) are the defaults of the rows whose default_text names them
+DEFAULTS = os.path.join(COLLECTION, "roles", "defaults", "defaults", "main", "inventory.yml")
 PLAN_README = os.path.join(COLLECTION, "roles", "plan", "README.md")
 DOC = os.path.join("docs", "inventory.md")
 SAMPLE = os.path.join("inventories", "sample", "group_vars", "all.yml")
@@ -363,7 +366,7 @@ def known_values(row):
     if source == "recipes":
         return recipes.names(), True
     if source in ("model_presets", "draft_presets"):
-        path = os.path.join(catalog.ROLES_DIR, "plan", "defaults", "main", "presets.yml")
+        path = os.path.join(catalog.ROLES_DIR, "defaults", "defaults", "main", "presets.yml")
         return list(_read(path)["npuops_%s" % source]), False
     return None
 
@@ -604,9 +607,72 @@ def _wrap(text, prefix, width=118, indent=None):
     return lines
 
 
+def render_defaults():
+    """roles/defaults' inventory.yml: every row with a default, by section, each with its doc."""
+    rows = table()
+    out = ["---", "# " + GENERATED, "# Every npuops role depends on this role (meta/main.yml), so its tasks, templates and handlers see these",
+           "# defaults; the plugins read the same table (plugin_utils/hostvars.setting)."]
+    for section in sections():
+        names = [n for n in section["variables"] if "default" in rows[n]]
+        if not names:
+            continue
+        out += ["", "# " + "=" * 20 + " " + section["title"]]
+        for name in names:
+            out += _wrap(describe(rows[name], name), "# ")
+            out.append("%s: %s" % (name, flow(rows[name]["default"])))
+    text = "\n".join(out) + "\n"
+    assert yaml.safe_load(text) == {n: r["default"] for n, r in rows.items() if "default" in r}, \
+        "the defaults' YAML does not read back as the table"
+    return text
+
+
+_OPTION = re.compile(r"^(\s+)(npuops_[a-z0-9_]+):\s*$")
+
+
+def render_spec_defaults(path):
+    """A role's hand-written argument spec with the `default:` of every option that is a table row written from the
+    table (ansible-doc and the role's README show it): stated when the row has a default that is no template, left
+    out otherwise."""
+    rows = table()
+    with open(os.path.join(REPO, path)) as f:
+        lines = f.read().split("\n")
+    out, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        found = _OPTION.match(line)
+        if not found or found.group(2) not in rows:
+            continue
+        row, inner = rows[found.group(2)], found.group(1) + "  "
+        body = []
+        while i < len(lines) and lines[i].startswith(inner) and lines[i].strip():
+            body.append(lines[i])
+            i += 1
+        body = [b for b in body if not b.startswith(inner + "default:")]
+        if "default" in row and "{{" not in json.dumps(row["default"]):
+            at = max([k + 1 for k, b in enumerate(body) if b.startswith((inner + "type:", inner + "elements:"))] or [0])
+            body.insert(at, "%sdefault: %s" % (inner, flow(row["default"])))
+        out += body
+    return "\n".join(out)
+
+
+def role_specs():
+    """The argument specs written by hand (every role's but the plan's, which the table makes whole)."""
+    out = []
+    for role in catalog.roles():
+        path = os.path.join(COLLECTION, "roles", role, "meta", "argument_specs.yml")
+        if path != PLAN_SPEC and os.path.isfile(os.path.join(REPO, path)):
+            out.append(path)
+    return out
+
+
 def outputs():
     """{path relative to the repository: text} of everything the table makes."""
-    return {PLAN_SPEC: render_plan_spec(), PLAN_README: render_plan_readme(), DOC: render_doc(), SAMPLE: render_sample()}
+    made = {PLAN_SPEC: render_plan_spec(), PLAN_README: render_plan_readme(), DOC: render_doc(), SAMPLE: render_sample(),
+            DEFAULTS: render_defaults()}
+    made.update((path, render_spec_defaults(path)) for path in role_specs())
+    return made
 
 
 def check():

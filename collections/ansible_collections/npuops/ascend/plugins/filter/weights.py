@@ -15,7 +15,7 @@ __metaclass__ = type
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.npuops.ascend.plugins.module_utils import manifest as mf
-from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
+from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar, table_default
 
 
 def weights_chain(hosts, seed):
@@ -55,8 +55,8 @@ HOP_READ_SECONDS = 0.02
 
 # what plan.yml assumes when the inventory does not say (npuops_disk_write_mb_s, npuops_fabric_link_gbit): the
 # sustained sequential write of one PCIe 4.0 NVMe data drive of an Atlas 800 A3, and a 400GbE fabric port
-DEFAULT_DISK_WRITE_MB_S = 3000
-DEFAULT_LINK_GBIT = 400
+DEFAULT_DISK_WRITE_MB_S = table_default("npuops_disk_write_mb_s")
+DEFAULT_LINK_GBIT = table_default("npuops_fabric_link_gbit")
 
 
 def weights_copy_projection(total_bytes, nodes, disk_write_mb_s=None, link_gbit=None, parallel=4, start_seconds=2.0):

@@ -23,7 +23,7 @@ def tier_spec(name):
 
 
 def presets():
-    return load_yaml(COLLECTION, "roles", "plan", "defaults", "main", "presets.yml")["npuops_model_presets"]
+    return load_yaml(COLLECTION, "roles", "defaults", "defaults", "main", "presets.yml")["npuops_model_presets"]
 
 
 def inventory(n, prefix="node", net="10.0.0."):

@@ -11,7 +11,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter import bench
 
-ROLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "bench", "defaults", "main")
+ROLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "defaults", "defaults", "main")
 
 
 def matrices():

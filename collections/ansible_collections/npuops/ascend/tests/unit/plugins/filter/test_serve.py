@@ -185,7 +185,7 @@ def test_the_deploy_waits_as_long_as_the_engine_allows_its_ranks():
     import os
     import yaml
     from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
-    with open(os.path.join(catalog.ROLES_DIR, "serve", "defaults", "main.yml")) as f:
+    with open(os.path.join(catalog.ROLES_DIR, "defaults", "defaults", "main", "inventory.yml")) as f:
         wait = yaml.safe_load(f)["npuops_serve_ready_timeout"]
     from ansible_collections.npuops.ascend.plugins.plugin_utils import recipes
     assert recipes.load("kimi_k3_tutorial_4node_a3")["env"]["VLLM_ENGINE_READY_TIMEOUT_S"] == "7200"

@@ -13,7 +13,7 @@ import yaml
 from ansible_collections.npuops.ascend.plugins.filter import capacity
 from ansible_collections.npuops.ascend.plugins.plugin_utils import speculative
 
-PRESETS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "plan", "defaults", "main",
+PRESETS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "defaults", "defaults", "main",
                        "presets.yml")
 
 

@@ -11,7 +11,7 @@ from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, vers
 def presets():
     import os
     import yaml
-    path = os.path.join(catalog.DATA_DIR, "..", "roles", "plan", "defaults", "main", "presets.yml")
+    path = os.path.join(catalog.DATA_DIR, "..", "roles", "defaults", "defaults", "main", "presets.yml")
     with open(path) as f:
         return yaml.safe_load(f)["npuops_model_presets"]
 
