@@ -3,6 +3,7 @@ makes (the plan role's argument spec and README table, docs/inventory.md, the sa
 npuops_* variable a role, playbook, template or plugin reads is a row, and no role states another default, type or
 choices than its row. Each failure names the variable, the file and the fix; after changing the table, `make
 inventory-vars` rewrites what it makes."""
+import ast
 import importlib.util
 import json
 import re
@@ -13,7 +14,7 @@ import sys
 import pytest
 import yaml
 
-from ansible_collections.npuops.ascend.plugins.filter import inventory as inv
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model import inventory as inv
 from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -119,7 +120,7 @@ def test_the_scan_finds_what_a_new_reader_would_read(tmp_path, monkeypatch):
     templates.mkdir(parents=True)
     (templates / "unit.j2").write_text("{% set npuops_local = 1 %}{{ hostvars[h].npuops_monitor_new }}"
                                        "{{ npuops_local }}\n")
-    plugins = collection / "plugins" / "filter"
+    plugins = collection / "plugins" / "plugin_utils" / "model"
     plugins.mkdir(parents=True)
     (plugins / "inventory.py").write_text("x = hostvar(hostvars, h, 'npuops_aisbench', 3)\n")
     (tmp_path / "playbooks").mkdir()
@@ -306,7 +307,7 @@ def test_no_task_restates_a_default_of_the_table(rows):
 
 
 def test_the_plugins_restate_no_default_of_the_table(rows):
-    """Python reads a variable the table gives a default with `setting()` (plugin_utils/hostvars.py), which takes the
+    """Python reads a variable the table gives a default with `setting()` (plugin_utils/model/hostvars.py), which takes the
     row's default: a literal beside `hostvar()` is a second statement that drifts (npuops_gateway_mode and
     npuops_kv_pool were each defaulted in two filters and a role)."""
     problems = ["%s: %s defaults to %s where it is read; the table states %r: read it with setting()" % (
@@ -316,7 +317,7 @@ def test_the_plugins_restate_no_default_of_the_table(rows):
 
 
 def test_setting_takes_the_tables_default_and_the_inventorys_value(rows):
-    from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import setting
+    from ansible_collections.npuops.ascend.plugins.plugin_utils.model.hostvars import setting
     hostvars = {"node01": {"npuops_gateway_mode": "active_active", "npuops_kv_pool": None}}
     assert setting(hostvars, "node01", "npuops_gateway_mode") == "active_active"
     assert setting(hostvars, "node01", "npuops_kv_pool") == "none"  # null in the inventory: the default
@@ -358,3 +359,30 @@ def test_the_argument_specs_defaults_are_written_from_the_table(tmp_path, monkey
         "npuops_status_health_timeout": {"type": "int", "default": 3, "description": ["y"]},
         "npuops_reports_dir": {"type": "str", "description": "z"},
         "not_a_row": {"type": "int", "default": 1}}
+
+
+def test_only_the_model_reads_the_inventory():
+    """The inventory is read in one package, plugin_utils/model (validated, planned, rendered once); every other
+    plugin gets the model's results, or reads what a task registered through plugin_utils/results.registered."""
+    plugins = os.path.join(catalog.COLLECTION_DIR, "plugins")
+    model = os.path.join(plugins, "plugin_utils", "model")
+    readers = {"hostvar", "setting"}
+    # results.registered reads a task's registered result with the model's primitive (a host's value, or a default)
+    bridge = os.path.join(plugins, "plugin_utils", "results.py")
+    problems = []
+    for path in tool._files(plugins, (".py",)):
+        if path.startswith(model + os.sep) or path == bridge:
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        where = os.path.relpath(path, REPO)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("model.hostvars"):
+                named = sorted(a.name for a in node.names if a.name in readers)
+                if named:
+                    problems.append("%s:%d imports %s" % (where, node.lineno, ", ".join(named)))
+            elif isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "hostvars":
+                problems.append("%s:%d reads hostvars[...]" % (where, node.lineno))
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in readers:
+                problems.append("%s:%d calls %s()" % (where, node.lineno, node.func.id))
+    assert problems == [], "\n".join(problems + ["read the inventory in plugin_utils/model and hand the result on"])

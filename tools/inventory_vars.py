@@ -36,8 +36,8 @@ PLAYBOOK_STAGE = {"plan": "plan", "preflight": "preflight", "weights": "weights"
                   "gateway": "gateway", "validate": "validate", "accuracy": "accuracy", "bench": "bench",
                   "monitor": "monitor", "status": "status", "recover": "recover", "rollout": "rollout",
                   "diagnose": "diagnose", "stop": "stop", "logs": "logs"}
-# the plugins that run in the plan role (validate, plan, render): a variable they read is read by the plan stage
-PLAN_PLUGINS = ("filter/inventory.py", "filter/topology.py", "filter/serve.py")
+# the inventory model (validate, plan, render; the plan role runs it): a variable it reads is read by the plan stage
+MODEL_PACKAGE = "plugin_utils/model/"
 # keys whose string values Ansible reads as bare Jinja expressions
 CONDITIONALS = ("when", "failed_when", "changed_when", "until", "that")
 
@@ -179,7 +179,7 @@ def scan():
     for sub in ("filter", "action", "plugin_utils", "vars"):
         for path in _files(os.path.join(plugins, sub), (".py",)):
             rel = os.path.relpath(path, plugins)
-            read(_python_names(path), os.path.relpath(path, REPO), "plan" if rel in PLAN_PLUGINS else "")
+            read(_python_names(path), os.path.relpath(path, REPO), "plan" if rel.startswith(MODEL_PACKAGE) else "")
     return {"reads": reads, "defines": defines, "defaults": defaults, "options": options}
 
 
@@ -611,7 +611,7 @@ def render_defaults():
     """roles/defaults' inventory.yml: every row with a default, by section, each with its doc."""
     rows = table()
     out = ["---", "# " + GENERATED, "# Every npuops role depends on this role (meta/main.yml), so its tasks, templates and handlers see these",
-           "# defaults; the plugins read the same table (plugin_utils/hostvars.setting)."]
+           "# defaults; the plugins read the same table (plugin_utils/model/hostvars.setting)."]
     for section in sections():
         names = [n for n in section["variables"] if "default" in rows[n]]
         if not names:

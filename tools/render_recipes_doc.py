@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(REPO, "collections"))
 from ansible_collections.npuops.ascend.plugins.plugin_utils import recipes  # noqa: E402
 
 DOC = os.path.join(REPO, "docs", "recipes.md")
-# the plan values a recipe's variables and a deviation row's {placeholders} may name (filter/serve.py plan_values)
+# the plan values a recipe's variables and a deviation row's {placeholders} may name (plugin_utils/model/serve.py plan_values)
 PLAN_VALUES = [
     ("model_dir", "npuops_model_dir"),
     ("tokenizer_dir", "npuops_tokenizer_dir, or the model directory"),

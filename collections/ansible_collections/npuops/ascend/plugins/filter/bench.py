@@ -16,7 +16,7 @@ import re
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.module_utils import container
-from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
+from ansible_collections.npuops.ascend.plugins.plugin_utils import results
 
 SERIES_KEYS = {"random": ("input_len", "output_len"), "multi_turn": ("turns", "output_len", "context_tokens")}
 
@@ -132,7 +132,7 @@ def bench_run_metadata(plan, containers, model_spec, tier, matrix=None, revision
         prefix = "" if len(plan["instances"]) == 1 else "instance %s " % name
         argv = planned
         if key:
-            result = hostvar(hostvars, host, key)
+            result = results.registered(hostvars, host, key)
             found = ((result if isinstance(result, dict) else {}).get("containers") or {}).get(engine.get("name")) or {}
             ran = (found.get("spec") or {}).get("command") if found.get("running") else None
             if ran:

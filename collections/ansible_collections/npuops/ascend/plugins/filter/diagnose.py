@@ -12,7 +12,7 @@ __metaclass__ = type
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.module_utils import diagnose
-from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
+from ansible_collections.npuops.ascend.plugins.plugin_utils import results
 
 _SIGNATURES = []
 
@@ -33,7 +33,7 @@ def diagnose_findings(hostvars, hosts, key, limit=10):
     ascend_fd: {host: MindCluster FaultDiag's verdicts or error, where it ran}, lines: [what to print]}."""
     collected, unread = {}, []
     for h in hosts:
-        r = hostvar(hostvars, h, key)
+        r = results.registered(hostvars, h, key)
         if not isinstance(r, dict) or r.get("skipped"):
             continue
         if r.get("unreachable") or r.get("failed"):

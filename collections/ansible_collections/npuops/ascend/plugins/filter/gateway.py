@@ -22,7 +22,7 @@ import os
 import jinja2
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.npuops.ascend.plugins.filter import topology
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model import topology
 from ansible_collections.npuops.ascend.plugins.module_utils import haproxy_admin
 from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog
 

@@ -8,9 +8,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.npuops.ascend.plugins.filter import topology
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model import topology
 from ansible_collections.npuops.ascend.plugins.plugin_utils import results
-from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
 
 
 def site_failures(hostvars, hosts, key):
@@ -18,7 +17,7 @@ def site_failures(hostvars, hosts, key):
     hosts that failed have a record; the others stopped because of them), or None."""
     found = []
     for h in hosts:
-        rec = hostvar(hostvars, h, key)
+        rec = results.registered(hostvars, h, key)
         if rec:
             found.append({"host": h, "task": rec.get("task"), "msg": rec.get("msg") or ""})
     if not found:
@@ -40,9 +39,9 @@ def unreachable_hosts(hostvars, hosts, key):
     """'host: why' for every host whose result under `key` says it was unreachable."""
     out = []
     for h in hosts:
-        kind, _msg = results.outcome(hostvar(hostvars, h, key))
+        kind, _msg = results.outcome(results.registered(hostvars, h, key))
         if kind == results.UNREACHABLE:
-            out.append("%s: %s" % (h, (str(hostvar(hostvars, h, key).get("msg") or "no answer")).strip()
+            out.append("%s: %s" % (h, (str(results.registered(hostvars, h, key).get("msg") or "no answer")).strip()
                                    .splitlines()[-1][:200]))
     return out
 

@@ -51,16 +51,8 @@ def _dig(value, path):
 
 def collect(hostvars, hosts, path):
     """{host: hostvars[host].<path>} for the given hosts (None where it is not set)."""
-    out = {}
-    for h in hosts:
-        try:
-            hv = hostvars[h]
-        except KeyError:
-            out[h] = None
-            continue
-        first, _sep, rest = path.partition(".")
-        out[h] = _dig(hv.get(first), rest)
-    return out
+    first, _sep, rest = path.partition(".")
+    return dict((h, _dig(results.registered(hostvars, h, first), rest)) for h in hosts)
 
 
 def npu_result(host_result):

@@ -16,10 +16,9 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible_collections.npuops.ascend.plugins.filter import gateway as gateway_config
-from ansible_collections.npuops.ascend.plugins.filter import topology
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model import topology
 from ansible_collections.npuops.ascend.plugins.module_utils import verdict
-from ansible_collections.npuops.ascend.plugins.plugin_utils import versions
-from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
+from ansible_collections.npuops.ascend.plugins.plugin_utils import results, versions
 
 HEALTHY = "healthy"
 DEGRADED = "degraded"
@@ -73,7 +72,7 @@ def running_images(plan, hostvars, containers, key, instance=None):
     out = {}
     for name in sorted(plan["instances"]) if instance is None else [instance]:
         for host, cname, role in _containers_of(plan, containers, name):
-            result = hostvar(hostvars, host, key)
+            result = results.registered(hostvars, host, key)
             found = ((result if isinstance(result, dict) else {}).get("containers") or {}).get(cname) or {}
             if role not in ("proxy", "kv_pool") and found.get("image"):
                 read = found["image"]
@@ -139,7 +138,7 @@ def gateway_status(plan, hostvars, key, probes, busy=False):
     problems, hosts, out = [], {}, {}
     instance_of = dict((server, inst) for _backend, server, inst in gateway_config.servers(gw))
     for host in gw["hosts"]:
-        res = hostvar(hostvars, host, key, {}) or {}
+        res = results.registered(hostvars, host, key, {}) or {}
         if res.get("unreachable"):
             problems.append("%s: unreachable (%s)" % (host, (res.get("msg") or "no answer").splitlines()[0][:200]))
             continue
@@ -190,7 +189,7 @@ def service_status(plan, hostvars, containers, key, probes, gateway_key=None, ga
     for name, inst in plan["instances"].items():
         problems = []
         for host, cname, _role in _containers_of(plan, containers, name):
-            p = _container_problem(host, cname, hostvar(hostvars, host, key))
+            p = _container_problem(host, cname, results.registered(hostvars, host, key))
             if p:
                 problems.append(p)
         probe = (probes or {}).get(name) or {}
@@ -289,7 +288,7 @@ def rotation(hostvars, plan, key):
     instance_of = dict((server, inst) for _backend, server, inst in gateway_config.servers(gw))
     state = dict((inst, None) for inst in gw["instances"])
     for host in gw["hosts"]:
-        res = hostvar(hostvars, host, key, {}) or {}
+        res = results.registered(hostvars, host, key, {}) or {}
         for srv in res.get("servers") or []:
             inst = instance_of.get(srv["server"])
             if inst is None:
@@ -328,7 +327,7 @@ def instance_configs(plan, hostvars, containers, key, instances=None):
         for host, cname, role in _containers_of(plan, containers, name):
             if role not in ENGINE_ROLES:
                 continue
-            result = hostvar(hostvars, host, key)
+            result = results.registered(hostvars, host, key)
             found = ((result if isinstance(result, dict) else {}).get("containers") or {}).get(cname) or {}
             specs[host] = found.get("spec") if found.get("exists") and found.get("ours") else None
             engines[host] = {cname: {"exists": bool(found.get("exists")), "spec": found.get("spec")}}
@@ -343,7 +342,7 @@ def gate_states(configs, hostvars, key, gates, plan):
     keepers = verdict_hosts(plan)
     out = {}
     for name, cfg in sorted(configs.items()):
-        res = hostvar(hostvars, keepers.get(name), key) or {}
+        res = results.registered(hostvars, keepers.get(name), key) or {}
         record = res.get("record") if isinstance(res, dict) else None
         state, detail = verdict.gate_state(record, cfg.get("config"), gates)
         if record is None and gates and cfg.get("config"):

@@ -15,7 +15,9 @@ __metaclass__ = type
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.npuops.ascend.plugins.module_utils import manifest as mf
-from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar, table_default
+from ansible_collections.npuops.ascend.plugins.plugin_utils import results
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model import topology
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model.hostvars import table_default
 
 
 def weights_chain(hosts, seed):
@@ -29,7 +31,7 @@ def weights_sources(chain, hostvars, port):
     """{host: [url of the node before it, the one before that, ..., the seed]} over npuops_fabric_ip."""
     urls = {}
     for h in chain:
-        ip = hostvar(hostvars, h, "npuops_fabric_ip") or hostvar(hostvars, h, "npuops_node_ip")
+        ip = topology.fabric_ip(hostvars, h)
         if not ip:
             raise AnsibleFilterError("weights_sources: host %s has neither npuops_fabric_ip nor npuops_node_ip" % h)
         urls[h] = "http://%s:%d" % (ip, int(port))
@@ -91,7 +93,7 @@ def weights_summary(hostvars, receivers):
     keys = ("files_fetched", "files_verified", "bytes_fetched", "bytes_resumed", "mb_per_s", "seconds")
     out = {}
     for h in receivers:
-        status = hostvar(hostvars, h, "npuops_weights_status", {}) or {}
+        status = results.registered(hostvars, h, "npuops_weights_status", {}) or {}
         out[h] = dict((k, status.get(k)) for k in keys)
     return out
 
@@ -103,10 +105,10 @@ def weights_stray(hostvars, hosts, seed, need_key="npuops_weights_need", manifes
     lines = []
     for h in hosts:
         if h == seed:
-            files, why = (hostvar(hostvars, h, manifest_key, {}) or {}).get("unindexed") or [], \
+            files, why = (results.registered(hostvars, h, manifest_key, {}) or {}).get("unindexed") or [], \
                 "not in the checkpoint's model.safetensors.index.json: left out of the manifest"
         else:
-            files, why = (hostvar(hostvars, h, need_key, {}) or {}).get("stray") or [], "not in the seed's manifest"
+            files, why = (results.registered(hostvars, h, need_key, {}) or {}).get("stray") or [], "not in the seed's manifest"
         if files:
             more = " and %d more" % (len(files) - 20) if len(files) > 20 else ""
             lines.append("%s: %s%s (%s)" % (h, ", ".join(files[:20]), more, why))

@@ -12,9 +12,15 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.npuops.ascend.plugins.plugin_utils.hostvars import hostvar
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model.hostvars import hostvar as _host_value
 
 OK, SKIPPED, UNREACHABLE, FAILED, STOPPED = "ok", "skipped", "unreachable", "failed", "stopped"
+
+
+def registered(hostvars, host, key, default=None):
+    """What a stage's task registered as `key` on `host` (or `default`): a result of the run, not the inventory,
+    which only the model reads (plugin_utils/model)."""
+    return _host_value(hostvars, host, key, default)
 
 
 def outcome(res, done_key=None):
@@ -39,7 +45,7 @@ def classify(hostvars, hosts, key, done_key=None):
     unreachable (causes) or stopped because of them (echoes), in the order of `hosts`."""
     causes, echoes = {}, {}
     for h in hosts:
-        kind, msg = outcome(hostvar(hostvars, h, key), done_key)
+        kind, msg = outcome(registered(hostvars, h, key), done_key)
         if kind in (FAILED, UNREACHABLE):
             causes[h] = msg
         elif kind == STOPPED:

@@ -39,7 +39,7 @@ OPTS = {"model_dir": "/data/models/k3", "image": "quay.io/ascend/vllm-ascend:v0.
 def rendered(tier_name, preset, recipe_name=None, overrides=None, opts=None):
     """What the plan role does before serve_containers: the recipe (the default of tier + preset), the tier with its
     ports, the preset with the recipe's values and the overrides, and the options -> (tier, model, options)."""
-    from ansible_collections.npuops.ascend.plugins.filter import inventory as inventory_filter
+    from ansible_collections.npuops.ascend.plugins.plugin_utils.model import inventory as inventory_filter
     from ansible_collections.npuops.ascend.plugins.plugin_utils import recipes
     recipe = recipes.choose(recipe_name, tier_name, preset)
     tier = recipes.tier_with_recipe(tier_spec(tier_name), recipe)

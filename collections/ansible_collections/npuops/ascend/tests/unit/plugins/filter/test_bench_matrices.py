@@ -80,7 +80,7 @@ def test_the_run_metadata_names_flags_graph_mode_prefix_caching_draft_and_the_pl
     """What the tutorial asks to record with every result, read from what the plan renders; and the capacity plan's
     sessions per long context of the 2-node template (the field report: 200K at most 2, 80K at most 4)."""
     from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered
-    from ansible_collections.npuops.ascend.plugins.filter import serve, topology
+    from ansible_collections.npuops.ascend.plugins.plugin_utils.model import serve, topology
     groups, hv = inventory(2)
     tier, model, opts = rendered("2node_pp", "kimi_k3_1_pro_w4a8")
     plan = topology.plan_topology(groups, hv, tier)
@@ -105,7 +105,7 @@ def test_the_report_names_the_flags_the_engines_ran_and_how_they_differ_from_the
     """After a rollout with max_num_seqs 32, a bench run without that override must report 32 (what the engines ran),
     not the plan's (the field report's 64), and say that the two differ."""
     from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered
-    from ansible_collections.npuops.ascend.plugins.filter import serve, topology
+    from ansible_collections.npuops.ascend.plugins.plugin_utils.model import serve, topology
     groups, hv = inventory(2)
     tier, model, opts = rendered("2node_pp", "kimi_k3_1_pro_w4a8")
     plan = topology.plan_topology(groups, hv, tier)

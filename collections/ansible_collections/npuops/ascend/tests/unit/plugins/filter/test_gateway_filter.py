@@ -12,7 +12,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.npuops.ascend.plugins.filter import gateway as gw
-from ansible_collections.npuops.ascend.plugins.filter import serve, topology
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model import serve, topology
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import tier_spec
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.test_inventory import check, two_instances
 
@@ -168,7 +168,7 @@ def test_with_a_gateway_serving_replicas_roll_instead_of_being_refused():
 def on_other_weights(mode, **extra):
     """Two replicas behind a gateway; instance b serves other weights under its own name (the canary of a new
     version): the plan of the plan role, with what each instance serves."""
-    from ansible_collections.npuops.ascend.plugins.filter import inventory as inventory_filter
+    from ansible_collections.npuops.ascend.plugins.plugin_utils.model import inventory as inventory_filter
     from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import presets
     groups, hv = with_gateway(mode=mode, **extra)
     for h in groups["npu_nodes"][4:]:

@@ -6,7 +6,7 @@ __metaclass__ = type
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.npuops.ascend.plugins.filter import inventory as inv
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model import inventory as inv
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory
 
 

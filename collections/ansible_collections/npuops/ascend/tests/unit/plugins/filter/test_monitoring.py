@@ -11,7 +11,8 @@ import subprocess
 import pytest
 import yaml
 
-from ansible_collections.npuops.ascend.plugins.filter import monitoring, topology
+from ansible_collections.npuops.ascend.plugins.filter import monitoring
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model import topology
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import COLLECTION, inventory, tier_spec
 
 RULES = os.path.join(COLLECTION, "roles", "monitoring", "files", "npuops-alerts.rules.yml")
@@ -72,7 +73,7 @@ def test_gateway_targets_are_a_job_of_their_own():
 
 
 def test_monitor_hosts_default_to_the_first_node_and_every_host_of_the_plan_has_its_jobs():
-    from ansible_collections.npuops.ascend.plugins.filter import topology
+    from ansible_collections.npuops.ascend.plugins.plugin_utils.model import topology
     assert topology.plan_monitor({"npu_nodes": ["node01", "node02"]}, {})["hosts"] == ["node01"]
     assert topology.plan_monitor({"npu_nodes": ["node01"], "monitor": ["mon1"]}, {})["hosts"] == ["mon1"]
     assert topology.plan_monitor({"npu_nodes": ["node01"], "obs": ["mon2"]},

@@ -8,7 +8,8 @@ import json
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.npuops.ascend.plugins.filter import serve, topology, weights
+from ansible_collections.npuops.ascend.plugins.filter import weights
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model import serve, topology
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered, tier_spec
 
 
@@ -170,7 +171,7 @@ def test_a_change_in_one_of_two_instances_does_not_interrupt_the_service():
 
 
 def test_hosts_of_the_last_deployment_that_the_plan_lost_are_named():
-    from ansible_collections.npuops.ascend.plugins.filter.serve import deployment_record, serve_leftovers
+    from ansible_collections.npuops.ascend.plugins.plugin_utils.model.serve import deployment_record, serve_leftovers
     plan = {"tier": "4node_dp", "hosts": {"n1": {"instance": "main"}, "n2": {"instance": "main"}}}
     assert deployment_record(plan) == {"tier": "4node_dp", "hosts": {"n1": "main", "n2": "main"}}
     last = {"tier": "4node_dp", "hosts": {"n1": "main", "n2": "main", "n5": "b"}}
@@ -196,7 +197,7 @@ def test_4p2d_from_the_inventory_sizes_ranks_ports_the_connector_and_the_proxy()
     """xPyD: 4 prefill + 2 decode nodes of the 8p8d_pd tier (npuops_prefill_nodes / npuops_decode_nodes). Expected
     values typed from the recipe's layout (launch_online_dp.py: one DP rank per node, --data-parallel-size the side's
     DP, kv side channel kv_port + dp_rank * TP)."""
-    from ansible_collections.npuops.ascend.plugins.filter import inventory as inventory_filter
+    from ansible_collections.npuops.ascend.plugins.plugin_utils.model import inventory as inventory_filter
     groups, hv = inventory(6)
     groups.update(prefill=groups["npu_nodes"][:4], decode=groups["npu_nodes"][4:])
     for h in hv:

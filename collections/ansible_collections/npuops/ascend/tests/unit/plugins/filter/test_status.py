@@ -3,7 +3,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.npuops.ascend.plugins.filter import serve, status, topology
+from ansible_collections.npuops.ascend.plugins.filter import status
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model import serve, topology
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered
 
 
@@ -96,7 +97,7 @@ def test_with_two_instances_one_down_the_service_is_degraded_and_recover_takes_o
 
 
 def test_status_names_the_model_each_instance_serves_and_asks_each_for_its_own():
-    from ansible_collections.npuops.ascend.plugins.filter import inventory as inventory_filter
+    from ansible_collections.npuops.ascend.plugins.plugin_utils.model import inventory as inventory_filter
     from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import presets
     groups, hv = inventory(8)
     for i, h in enumerate(groups["npu_nodes"]):
@@ -175,7 +176,7 @@ def recorded(plan, hv, states):
 
 
 def _containers(plan, hv):
-    from ansible_collections.npuops.ascend.plugins.filter import serve as serve_filter
+    from ansible_collections.npuops.ascend.plugins.plugin_utils.model import serve as serve_filter
     tier, model, opts = rendered("4node_dp", "kimi_k3_w4a8")
     return serve_filter.serve_containers(plan, hv, tier, model, opts)
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from ansible_collections.npuops.ascend.plugins.filter import topology
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model import topology
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, tier_spec
 
 

@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from ansible_collections.npuops.ascend.plugins.filter import serve, topology
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model import serve, topology
 from ansible_collections.npuops.ascend.plugins.plugin_utils import catalog, recipes
 from ansible_collections.npuops.ascend.tests.unit.plugins.filter.helpers import inventory, rendered
 
