@@ -624,4 +624,3 @@ def inventory_model(groups, hostvars, presets, drafts=None):
     tier = next(iter(specs.values()))["tier"]
     return {"problems": [], "instances": specs, "tier": tier,
             "plan": topology.plan_topology(groups, hostvars, tier, specs)}
-

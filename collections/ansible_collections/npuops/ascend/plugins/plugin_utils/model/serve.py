@@ -534,4 +534,3 @@ def restore_source(running, record, gates):
 # what the plan's waits (ready URL, rendezvous peers), the accuracy gate and the gateway address: a restore keeps them
 RESTORE_SAME = ("--host", "--port", "--served-model-name", "--master-addr", "--master-port", "--data-parallel-address",
                 "--data-parallel-rpc-port")
-

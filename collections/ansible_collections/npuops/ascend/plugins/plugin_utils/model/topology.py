@@ -452,4 +452,3 @@ def plan_topology(groups, hostvars, tier, models=None):
     except (KeyError, TypeError, ValueError) as e:
         raise AnsibleFilterError("plan_topology: the inventory has problems the validator reports (run the plan "
                                  "role, or filter validate_inventory, first): %s: %s" % (type(e).__name__, e))
-
