@@ -56,10 +56,14 @@ def test_what_the_table_makes_is_checked_in():
 
 def test_the_check_names_a_stale_file_and_the_command_that_rewrites_it(tmp_path, monkeypatch):
     """--check compares with what the table makes, and says which command rewrites it."""
-    readme = open(os.path.join(REPO, tool.PLAN_README)).read()
+    # what the tool reads besides the table: the roles' READMEs and hand-written argument specs
+    for role in catalog.roles():
+        for name in ("README.md", os.path.join("meta", "argument_specs.yml")):
+            path = os.path.join(tool.COLLECTION, "roles", role, name)
+            if os.path.isfile(os.path.join(REPO, path)):
+                os.makedirs(os.path.dirname(str(tmp_path / path)), exist_ok=True)
+                (tmp_path / path).write_text(open(os.path.join(REPO, path)).read())
     monkeypatch.setattr(tool, "REPO", str(tmp_path))
-    os.makedirs(os.path.dirname(str(tmp_path / tool.PLAN_README)))
-    (tmp_path / tool.PLAN_README).write_text(readme)
     os.makedirs(str(tmp_path / "inventories"))
     for path, text in tool.outputs().items():
         os.makedirs(os.path.dirname(str(tmp_path / path)), exist_ok=True)
@@ -386,3 +390,44 @@ def test_only_the_model_reads_the_inventory():
             elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in readers:
                 problems.append("%s:%d calls %s()" % (where, node.lineno, node.func.id))
     assert problems == [], "\n".join(problems + ["read the inventory in plugin_utils/model and hand the result on"])
+
+
+DOC_DEFAULT = re.compile(r"`?(npuops_[a-z0-9_]+)`?[^.;|\n`]{0,12}?,?\s*\(?(?:default|defaults to|by default)\s*(?:is\s+)?"
+                         r"(`[^`]+`|-?\d[\d.]*|on|off|true|false|none)(?!\w)", re.I)
+
+
+def doc_default_problems(rows, paths):
+    """`npuops_x ... default <value>` in prose: a second statement of a default the table states (docs/inventory.md,
+    the sample and the role READMEs' tables are made from the table and not prose)."""
+    problems = []
+    for path in paths:
+        with open(path) as f:
+            text = f.read()
+        for m in DOC_DEFAULT.finditer(" ".join(text.split("\n"))):
+            row = rows.get(m.group(1))
+            if row is not None and "default" in row:
+                problems.append("%s: %s (the table states %s)" % (os.path.relpath(path, REPO), m.group(0),
+                                                                 json.dumps(row["default"])))
+    return problems
+
+
+def _prose():
+    made = set(os.path.join(REPO, p) for p in tool.outputs())
+    paths = [os.path.join(REPO, "README.md"), os.path.join(catalog.COLLECTION_DIR, "README.md")]
+    paths += [os.path.join(REPO, "docs", f) for f in sorted(os.listdir(os.path.join(REPO, "docs"))) if f.endswith(".md")]
+    paths += [os.path.join(catalog.ROLES_DIR, r, "README.md") for r in catalog.roles()]
+    return [p for p in paths if os.path.isfile(p) and p not in made]
+
+
+def test_no_doc_restates_a_default_of_the_table(rows):
+    problems = doc_default_problems(rows, _prose())
+    assert problems == [], "\n".join(problems + ["say what the default is, not its value: docs/inventory.md has it"])
+
+
+def test_the_doc_check_finds_a_stated_default(tmp_path, rows):
+    page = tmp_path / "page.md"
+    page.write_text("Set `npuops_disk_write_mb_s` (default 3000) to your disk's; `npuops_instance` (default `main`)\n"
+                    "names it; `npuops_weights_seed`, default the first host; `npuops_model_dir` is required.\n")
+    assert [p.split(": ", 1)[1] for p in doc_default_problems(rows, [str(page)])] == [
+        "`npuops_disk_write_mb_s` (default 3000 (the table states 3000)",
+        "`npuops_instance` (default `main` (the table states \"main\")"]

@@ -657,6 +657,55 @@ def render_spec_defaults(path):
     return "\n".join(out)
 
 
+_MARKUP = re.compile(r"\b([CVOI])\(([^()]*)\)")
+
+
+def _spec_text(value):
+    """An argument spec's description as Markdown: its paragraphs joined, Ansible's C(), V(), O() as code, I() as
+    emphasis."""
+    text = " ".join(value) if isinstance(value, list) else str(value or "")
+    return _MARKUP.sub(lambda m: ("*%s*" if m.group(1) == "I" else "`%s`") % m.group(2), text)
+
+
+def render_role_readme(role):
+    """A role's README with the option table of each entry point made from its argument spec, the Default column
+    from the table for a row (the spec's own default otherwise): every README but the plan's (render_plan_readme)."""
+    rows = table()
+    path = os.path.join(COLLECTION, "roles", role, "README.md")
+    with open(os.path.join(REPO, path)) as f:
+        text = f.read()
+    spec = (_read(os.path.join(REPO, COLLECTION, "roles", role, "meta", "argument_specs.yml")) or {})["argument_specs"]
+    for entry, entry_spec in spec.items():
+        head = "### `%s`\n\n" % entry
+        if head not in text or not entry_spec.get("options"):
+            continue
+        before, rest = text.split(head, 1)
+        lines = rest.split("\n")
+        skip = 0
+        while skip < len(lines) and lines[skip].startswith("|"):
+            skip += 1
+        out = ["| Option | Type | Default | Description |", "| --- | --- | --- | --- |"]
+        for name, option in entry_spec["options"].items():
+            kind = option.get("type", "str")
+            if option.get("elements"):
+                kind = "%s of %s" % (kind, option["elements"])
+            row = rows.get(name)
+            if row is not None:
+                default = "`%s`" % flow(row["default"]) if "default" in row else (default_words(row, name) or "")
+            else:
+                default = "`%s`" % flow(option["default"]) if "default" in option else ""
+            desc = " ".join(_spec_text(option.get("description")).split())
+            if option.get("choices"):
+                desc += " Choices: %s." % ", ".join("`%s`" % c for c in option["choices"])
+            if option.get("required"):
+                desc = "**Required.** " + desc
+            if option.get("no_log"):
+                desc = "**Secret** (`no_log`): " + desc
+            out.append("| `%s` | %s | %s | %s |" % (name, kind, default.replace("|", "\\|"), desc.replace("|", "\\|")))
+        text = before + head + "\n".join(out + lines[skip:])
+    return text
+
+
 def role_specs():
     """The argument specs written by hand (every role's but the plan's, which the table makes whole)."""
     out = []
@@ -672,6 +721,8 @@ def outputs():
     made = {PLAN_SPEC: render_plan_spec(), PLAN_README: render_plan_readme(), DOC: render_doc(), SAMPLE: render_sample(),
             DEFAULTS: render_defaults()}
     made.update((path, render_spec_defaults(path)) for path in role_specs())
+    made.update((os.path.join(COLLECTION, "roles", role, "README.md"), render_role_readme(role))
+                for role in catalog.roles() if role not in ("plan", "defaults"))
     return made
 
 
