@@ -486,7 +486,7 @@ and edit the copy.
 %s
 
 Every playbook validates the whole inventory first and fails **once**, listing every problem with the
-host, the variable, the value it has and what to do (`npuops.ascend.plan`, filter `validate_inventory`); a
+host, the variable, the value it has and what to do (`npuops.ascend.plan`, filter `inventory_model`); a
 variable that starts with `npuops_` and is not below is one of them, with the closest name.
 `playbooks/plan.yml` does only that plus the plan, and contacts no host.
 

@@ -147,5 +147,4 @@ def instance_capacity_problems(specs, hbm_total_mb=65536):
 
 class FilterModule(object):
     def filters(self):
-        return {"capacity_plan": capacity_plan, "capacity_by_group": capacity_by_group,
-                "capacity_problems": capacity_problems, "instance_capacity_problems": instance_capacity_problems}
+        return {"capacity_by_group": capacity_by_group, "instance_capacity_problems": instance_capacity_problems}

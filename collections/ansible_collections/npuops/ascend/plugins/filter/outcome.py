@@ -105,5 +105,5 @@ def rollout_outcome(plan, model_spec, stages=None):
 
 class FilterModule(object):
     def filters(self):
-        return {"rollout_outcome": rollout_outcome, "site_failures": site_failures, "images_of": images_of,
+        return {"rollout_outcome": rollout_outcome, "site_failures": site_failures,
                 "unreachable_hosts": unreachable_hosts, "stage_gate": stage_gate}

@@ -10,7 +10,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.npuops.ascend.plugins.plugin_utils.model.serve import (  # noqa: F401
+from ansible_collections.npuops.ascend.plugins.plugin_utils.model.serve import (
     board_dirs,
     deployment_record,
     kv_pool_problems,

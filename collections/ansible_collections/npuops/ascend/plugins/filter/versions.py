@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: npuops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""image_versions / preset_problems: the image <-> version table (data/images.yml) for playbooks.
+"""image_versions / image_problems: the image <-> version table (data/images.yml) for playbooks.
 
 The logic lives in plugin_utils/versions.py; these filters only read the collection's table.
 """
@@ -16,11 +16,6 @@ from ansible_collections.npuops.ascend.plugins.plugin_utils import versions
 def image_versions(image):
     """The table line of an image: vLLM / vllm-ascend versions, driver and CANN minimums, capabilities."""
     return versions.image_versions(image)
-
-
-def preset_problems(preset, image, preset_name=None):
-    """What `preset` needs that `image` lacks (one message per problem, empty when it can serve it)."""
-    return versions.preset_problems(preset, image, preset_name)
 
 
 def image_problems(containers):
@@ -40,5 +35,4 @@ def image_problems(containers):
 
 class FilterModule(object):
     def filters(self):
-        return {"image_versions": image_versions, "preset_problems": preset_problems,
-                "image_problems": image_problems}
+        return {"image_versions": image_versions, "image_problems": image_problems}

@@ -203,5 +203,4 @@ class FilterModule(object):
                 "weights_servers": weights_servers,
                 "weights_summary": weights_summary, "weights_copy_projection": weights_copy_projection,
                 "publisher_manifest": publisher_manifest, "weights_download_argv": weights_download_argv,
-                "weights_listing_url": weights_listing_url, "weights_hub_env": weights_hub_env,
-                "weights_directories": weights_directories}
+                "weights_listing_url": weights_listing_url, "weights_hub_env": weights_hub_env}
