@@ -228,7 +228,7 @@ def _is_hostvar(node, nargs):
 
 def inline_defaults(names=None):
     """[(file:line, variable, default)] of every default stated where it is read: a Jinja `| default(...)` in a role
-    or playbook, a plugin's `hostvar(hostvars, host, name, default)`. `names` limits it (default: the table)."""
+    or playbook, a plugin's `hostvar()` call with a default (hostvars, host, name, default). `names` limits it (default: the table)."""
     names = set(table()) if names is None else names
     out = []
     tops = [os.path.join(REPO, COLLECTION, "roles"), os.path.join(REPO, "playbooks")]
@@ -247,7 +247,7 @@ def inline_defaults(names=None):
             tree = ast.parse(f.read(), path)
         local = _module_constants(path)
         for node in ast.walk(tree):
-            # hostvar(hostvars, host, name, default), and hostvar(hostvars, host, name) or default
+            # hostvar() with four arguments (the fourth the default), and hostvar() with three, "or" a default
             if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and _is_hostvar(node.values[0], 3):
                 call, default = node.values[0], ast.BoolOp(op=ast.Or(), values=node.values[1:]) \
                     if len(node.values) > 2 else node.values[1]
