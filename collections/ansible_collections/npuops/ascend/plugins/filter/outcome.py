@@ -27,14 +27,6 @@ def site_failures(hostvars, hosts, key):
                              for f in found)}
 
 
-def stage_gate(hostvars, step):
-    """The verdict of the one gate every stage passes after each step (the plan role's gate.yml): `step` names the
-    hosts, the registered key, the stage, the step, what was undone and, for results registered with
-    failed_when: false, the key every successful result carries (done_key)."""
-    return results.gate(hostvars, step["hosts"], step["key"], step["stage"], step["step"], step["undone"],
-                        step.get("done_key"))
-
-
 def unreachable_hosts(hostvars, hosts, key):
     """'host: why' for every host whose result under `key` says it was unreachable."""
     out = []
@@ -106,4 +98,4 @@ def rollout_outcome(plan, model_spec, stages=None):
 class FilterModule(object):
     def filters(self):
         return {"rollout_outcome": rollout_outcome, "site_failures": site_failures,
-                "unreachable_hosts": unreachable_hosts, "stage_gate": stage_gate}
+                "unreachable_hosts": unreachable_hosts}

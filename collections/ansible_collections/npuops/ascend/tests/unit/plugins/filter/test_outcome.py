@@ -50,13 +50,6 @@ def test_unreachable_hosts_are_named_with_why():
     assert outcome.unreachable_hosts(hv, ["a", "b"], "r") == ["b: ssh: timed out"]
 
 
-def test_the_stage_gate_filter_reads_the_step_from_one_mapping():
-    hv = {"a": {"r": {"failed": True, "msg": "boom"}}, "b": {"r": {"changed": False}}}
-    got = outcome.stage_gate(hv, {"hosts": ["a", "b"], "key": "r", "stage": "The weights stage", "step": "copying",
-                                  "undone": "stopped"})
-    assert got == {"hosts": ["a"], "message": "The weights stage failed (copying) on 1 host(s); stopped:\n- a: boom"}
-
-
 def test_the_weights_outcome_reports_the_tokenizer_copy_apart():
     plan = {"endpoint": "http://10.0.0.1:8000", "tier": "4node_dp", "hosts": {"a": {}, "b": {}}, "instances": {}}
     report = {"seed": "a", "run_id": "r1", "files": [{"path": "m.safetensors"}], "total_bytes": 1000,
