@@ -290,16 +290,6 @@ def validate(groups, hostvars, presets, tiers=None, drafts=None, chosen=None):
                 problems.append("group %s has hosts that are not in npu_nodes: %s"
                                 % (g["inventory_group"], ", ".join(stray)))
 
-    if not problems and tier is not None and tier.get("proxy"):
-        # the plan is sound now: does a proxy sit on one of its own engine's ports?
-        plan = topology.plan(groups, hostvars, tier, dict((n, {"tier": t}) for n, t in instance_tiers.items() if t))
-        for name, inst in sorted(plan["instances"].items()):
-            proxy = inst["proxy"]
-            engine = plan["hosts"].get(proxy["host"])
-            if engine and proxy["port"] in engine["engine_ports"]:
-                problems.append("npuops_proxy_port %d (instance %s) collides with the engine's own ports on %s; "
-                                "pick another" % (proxy["port"], name, proxy["host"]))
-
     problems.extend(gateway_problems(groups, hostvars, nodes, instances))
     problems.extend(address_problems(planned, hostvars))
     problems.extend(instance_group_problems(groups, hostvars, nodes, tier))
@@ -563,8 +553,22 @@ def node_count_problems(tier, nodes, hostvars):
     return out
 
 
+def plan_problems(plan):
+    """What only the plan shows: a PD proxy on one of its own engine's ports (the ports come from the tier, the
+    recipe and the inventory together)."""
+    problems = []
+    for name, inst in sorted(plan["instances"].items()):
+        proxy = inst.get("proxy")
+        engine = plan["hosts"].get(proxy["host"]) if proxy else None
+        if engine and proxy["port"] in engine["engine_ports"]:
+            problems.append("npuops_proxy_port %d (instance %s) collides with the engine's own ports on %s; "
+                            "pick another" % (proxy["port"], name, proxy["host"]))
+    return problems
+
+
 def validate_inventory(groups, hostvars, presets, drafts=None):
-    return validate(groups, hostvars, presets, drafts=drafts)
+    """Every problem of the inventory, the plan's included."""
+    return inventory_model(groups, hostvars, presets, drafts)["problems"]
 
 
 def tier_document(name, recipe=None, hostvars=None, host=None):
@@ -613,7 +617,8 @@ def instance_specs(groups, hostvars, presets, drafts=None, chosen=None):
 
 def inventory_model(groups, hostvars, presets, drafts=None):
     """The inventory read once for a run: -> {problems, instances, tier, plan}. `problems`: everything wrong with it
-    (validate_inventory); when nothing is, `instances` (instance_specs, from the recipes the check chose), `tier` (the
+    (validate, then plan_problems over the plan: the plan is made once, and only from a sound inventory); when
+    nothing is, `instances` (instance_specs, from the recipes the check chose), `tier` (the
     first instance's tier document: the service's) and `plan` (plan_topology over them); otherwise those are None,
     since a plan of a wrong inventory would only fail elsewhere."""
     chosen = {}
@@ -622,5 +627,8 @@ def inventory_model(groups, hostvars, presets, drafts=None):
         return {"problems": problems, "instances": None, "tier": None, "plan": None}
     specs = instance_specs(groups, hostvars, presets, drafts, chosen)
     tier = next(iter(specs.values()))["tier"]
-    return {"problems": [], "instances": specs, "tier": tier,
-            "plan": topology.plan_topology(groups, hostvars, tier, specs)}
+    plan = topology.plan_topology(groups, hostvars, tier, specs)
+    problems = plan_problems(plan)
+    if problems:
+        return {"problems": problems, "instances": None, "tier": None, "plan": None}
+    return {"problems": [], "instances": specs, "tier": tier, "plan": plan}
