@@ -126,7 +126,7 @@ def test_the_scan_finds_what_a_new_reader_would_read(tmp_path, monkeypatch):
                                        "{{ npuops_local }}\n")
     plugins = collection / "plugins" / "plugin_utils" / "model"
     plugins.mkdir(parents=True)
-    (plugins / "inventory.py").write_text("x = hostvar(hostvars, h, 'npuops_aisbench', 3)\n")
+    (plugins / "inventory.py").write_text("x = setting(hv, h, 'npuops_aisbench')\n")
     (tmp_path / "playbooks").mkdir()
     monkeypatch.setattr(tool, "REPO", str(tmp_path))
     scanned = tool.scan()
