@@ -136,7 +136,7 @@ def capacity_problems(tier, preset, hbm_total_mb=65536):
 
 
 def instance_capacity_problems(specs, hbm_total_mb=65536):
-    """capacity_problems of every instance (filter instance_specs: its tier document and model), each line naming
+    """capacity_problems of every instance (instance_specs: its tier document and model), each line naming
     the instance when there are several (replicas may serve different models)."""
     out = []
     for name, spec in (specs or {}).items():

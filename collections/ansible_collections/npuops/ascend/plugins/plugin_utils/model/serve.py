@@ -178,7 +178,7 @@ def labels(entry, tier):
 
 
 def instance_options(options, model, instance):
-    """(options, model spec) of one instance: what it serves (options["instances"], filter instance_specs: its recipe,
+    """(options, model spec) of one instance: what it serves (options["instances"], instance_specs: its recipe,
     model spec and overrides, model and tokenizer directories, image) over the cluster-wide ones."""
     serves = (options.get("instances") or {}).get(instance)
     if not serves:
@@ -193,7 +193,7 @@ def serve_containers(plan, hostvars, tier, model, options):
 
     `options`: recipe (the recipe document, data/recipes), model_overrides (npuops_model_overrides), model_dir,
     tokenizer_dir, image, name (engine container), proxy_name, shm_size, privileged, devices (physical ids, default
-    0..dies-1), instances (filter instance_specs: what each instance serves, over the others). A container: {name,
+    0..dies-1), instances (instance_specs: what each instance serves, over the others). A container: {name,
     image, command, env, devices, mounts, shm_size, privileged, labels, ready_url, peers, instance, group, group_key,
     role, recipe, recipe_diff}.
     """
@@ -390,7 +390,7 @@ def plan_report(containers, plan, specs=None):
 
 
 def recipe_choices(specs):
-    """Per instance (filter instance_specs' answer), the recipe it follows and why: its source, the vLLM-Ascend line of
+    """Per instance (instance_specs' answer), the recipe it follows and why: its source, the vLLM-Ascend line of
     its image it was chosen for (and when the image is newer than every recipe), what upstream has since published in
     its place, and an image whose tag names another hardware generation than the tier's. -> {instance: {recipe,
     source, lines, line, note, superseded, warnings}}."""

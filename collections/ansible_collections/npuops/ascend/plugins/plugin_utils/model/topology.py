@@ -14,7 +14,7 @@ One planner for all tiers. Words used throughout:
   ``inventory_group``, in inventory order, the first being the leader. Its key is ``<instance>/<group>``; the
   engines of one group restart together.
 
-The planner expects an inventory the validator (filter ``validate_inventory``) found no problem with: every
+The planner expects an inventory the validator (``validate`` in model/inventory.py) found no problem with: every
 inventory check is made there, once, collecting every problem. The checks of the tier document's arithmetic live
 here (``tier_problems``) and are also run by the validator.
 """
@@ -315,7 +315,7 @@ def _plan_kv_pool(tier, instance, proxy, hostvars, hosts, members):
 
 
 def plan(groups, hostvars, tier, models=None):
-    """`models`: {instance: what it serves} (filter instance_specs): its tier document (with its recipe's ports), its
+    """`models`: {instance: what it serves} (instance_specs): its tier document (with its recipe's ports), its
     served model name, model preset, directories and recipe, which the plan names per instance; the first instance's
     served name is the service's (what clients of a gateway, validate and the benchmark ask for)."""
     dies = int(tier.get("dies_per_node", 16))
@@ -451,4 +451,4 @@ def plan_topology(groups, hostvars, tier, models=None):
         raise AnsibleFilterError("plan_topology: %s" % e)
     except (KeyError, TypeError, ValueError) as e:
         raise AnsibleFilterError("plan_topology: the inventory has problems the validator reports (run the plan "
-                                 "role, or filter validate_inventory, first): %s: %s" % (type(e).__name__, e))
+                                 "role - filter inventory_model - first): %s: %s" % (type(e).__name__, e))
